@@ -1,0 +1,116 @@
+"""One data model for an episode, and its token-level form for training.
+
+An :class:`Episode` is what happened (steps, retrieved documents, the final answer); a
+:class:`TokenTrajectory` is what the trainer sees: prompt ids, completion ids and a mask that is
+1 for tokens the policy generated and 0 for injected text (retrieved ``<information>``), which
+never enters a loss, a KL term or a per-token reward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+ActionKind = Literal[
+    "search",  # one or more queries to the retriever
+    "backtrack",  # EVO-RAG: drop the last hop's query and evidence
+    "answer",
+    "refuse",  # EVO-RAG: the question is declared unanswerable
+    "stop",  # R2AG: `stop retrieval` / `none`
+    "format_error",  # the segment could not be parsed: a recorded outcome, never a crash
+]
+
+Outcome = Literal["answer", "refuse", "stop", "step_cap", "token_budget", "format_error", "timeout"]
+
+
+class RetrievedDoc(BaseModel):
+    id: str
+    title: str
+    text: str
+    score: float = 0.0
+
+
+class Step(BaseModel):
+    """One policy turn: the text it generated, the action parsed from it, what came back."""
+
+    t: int = Field(ge=1, description="1-based step index")
+    action: ActionKind
+    text: str = Field(description="the policy's generated text for this step (mask 1)")
+    queries: list[str] = Field(default_factory=list)
+    query_kinds: list[str] = Field(
+        default_factory=list, description="per query: 'search', or R2AG's 'base' / 'predicted'"
+    )
+    docs: list[list[RetrievedDoc]] = Field(
+        default_factory=list, description="per query, the retrieved documents in rank order"
+    )
+    information: str = Field(default="", description="injected text after the step (mask 0)")
+    answer: str | None = None
+    signals: dict[str, float] = Field(default_factory=dict, description="per-step reward signals")
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _kinds_match(self) -> Step:
+        if self.query_kinds and len(self.query_kinds) != len(self.queries):
+            raise ValueError("query_kinds must have one entry per query")
+        return self
+
+
+class Episode(BaseModel):
+    """A whole episode of one recipe on one question."""
+
+    recipe: str
+    question_id: str
+    question: str
+    answers: list[str] = Field(default_factory=list, description="gold answers (empty: unanswerable)")
+    gold_titles: list[str] = Field(default_factory=list)
+    prompt: list[dict[str, str]] = Field(default_factory=list, description="chat messages before step 1")
+    steps: list[Step] = Field(default_factory=list)
+    final_answer: str | None = None
+    refused: bool = False
+    outcome: Outcome = "answer"
+    sample: int = 0
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds: retrieval, generation")
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def queries(self) -> list[str]:
+        return [q for s in self.steps for q in s.queries]
+
+    @property
+    def retrieval_count(self) -> int:
+        """Number of retriever calls (one per query)."""
+        return len(self.queries)
+
+    @property
+    def retrieved_titles(self) -> list[str]:
+        """Titles of every retrieved document, in retrieval order, de-duplicated."""
+        seen: dict[str, None] = {}
+        for s in self.steps:
+            for docs in s.docs:
+                for d in docs:
+                    seen.setdefault(d.title, None)
+        return list(seen)
+
+    def completion_text(self) -> str:
+        """Generated and injected text in order, as the policy saw it."""
+        return "".join(s.text + s.information for s in self.steps)
+
+
+class TokenTrajectory(BaseModel):
+    """Token-level form of an episode for training."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    mask: list[int] = Field(description="per completion token: 1 policy-generated, 0 injected")
+    logprobs: list[float] | None = Field(default=None, description="per completion token (0.0 where mask 0)")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> TokenTrajectory:
+        if len(self.mask) != len(self.completion_ids):
+            raise ValueError(f"mask has {len(self.mask)} entries for {len(self.completion_ids)} tokens")
+        if any(m not in (0, 1) for m in self.mask):
+            raise ValueError("mask entries must be 0 or 1")
+        if self.logprobs is not None and len(self.logprobs) != len(self.completion_ids):
+            raise ValueError("logprobs must have one entry per completion token")
+        return self

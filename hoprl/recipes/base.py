@@ -1,0 +1,77 @@
+"""What every recipe module provides: a protocol, reward functions and a curriculum.
+
+A recipe is a plain object with these attributes; the registry in ``hoprl/recipes/__init__.py`` is
+a dict from name to recipe class. The episode runner (``hoprl/agent/runner.py``) drives any recipe
+through :meth:`Recipe.messages`, :meth:`Recipe.parse` and :meth:`Recipe.information` only.
+
+Rewards follow one signature (TRL's ``RewardFunc``)::
+
+    def reward(prompts, completions, **kwargs) -> list[float | None]
+
+``kwargs`` carries the dataset columns (``answers``, ``gold_titles``, ...) and ``episodes`` (one
+:class:`~hoprl.agent.trajectory.Episode` per completion). ``None`` means "not applicable". Step-level
+signals are computed per step (``Step.signals``) and reduced to one number by
+:func:`hoprl.recipes.rewards.sequence_reward`. Every reward function carries ``__version__``
+(``name@N``), recorded with each score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from hoprl.agent.trajectory import ActionKind, RetrievedDoc
+from hoprl.schemas import Question
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+@dataclass
+class Action:
+    """What the runner does next, parsed from one generated segment."""
+
+    kind: ActionKind
+    queries: list[str] = field(default_factory=list)
+    query_kinds: list[str] = field(default_factory=list)
+    answer: str | None = None
+    error: str | None = None
+
+
+class Recipe(Protocol):
+    name: ClassVar[str]
+    #: stop sequences that end one generated segment (the runner keeps the stop text)
+    stop: ClassVar[list[str]]
+    #: documents returned per query
+    top_k: ClassVar[int]
+
+    def messages(self, question: Question) -> list[dict[str, str]]:
+        """Chat messages before the first step (system prompt, question, references if any)."""
+
+    def parse(self, segment: str) -> Action:
+        """Parse one generated segment; malformed text gives ``Action('format_error', error=...)``."""
+
+    def information(self, docs: list[list[RetrievedDoc]]) -> str:
+        """Text injected after a search step (mask 0), e.g. ``<information>...</information>``."""
+
+    def reward_funcs(self) -> list[RewardFunc]:
+        """Reward functions in TRL's signature, with this recipe's config bound."""
+
+    def expert(self, question: Question, noise: float = 0.0, seed: int = 0) -> str:
+        """A scripted expert completion from the gold path, for SFT warm start."""
+
+
+def versioned(name: str) -> Callable[[RewardFunc], RewardFunc]:
+    """Decorator: tag a reward with ``__version__`` (``name@N``) and a readable ``__name__``."""
+
+    def wrap(fn: RewardFunc) -> RewardFunc:
+        fn.__version__ = name  # type: ignore[attr-defined]
+        fn.__name__ = name.split("@")[0]
+        return fn
+
+    return wrap
+
+
+def unknown(kind: str, name: str, valid: dict[str, Any]) -> KeyError:
+    """The error every plain-dict registry raises for an unknown name."""
+    return KeyError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(valid))}")
