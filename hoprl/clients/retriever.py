@@ -1,0 +1,109 @@
+"""Typed HTTP clients for the retriever service (sync and async)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchMode, SearchResponse
+
+
+class ServiceError(RuntimeError):
+    """A service answered with an error; ``status`` and the JSON ``body`` are kept."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        message = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"HTTP {status}: {message}")
+
+
+def _check(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        raise ServiceError(response.status_code, body)
+    return response.json()
+
+
+def _search_body(
+    collection: str, queries: list[str], top_k: int, mode: SearchMode, filter: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {"collection": collection, "queries": queries, "top_k": top_k, "mode": mode, "filter": filter}
+
+
+def _ingest_body(documents: list[Document]) -> dict[str, Any]:
+    return {"documents": [d.model_dump() for d in documents]}
+
+
+class RetrieverClient:
+    """Blocking client. ``RetrieverClient("http://127.0.0.1:8001").search("hotpotqa", ["q"])``."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0, **kwargs: Any) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+
+    def search(
+        self,
+        collection: str,
+        queries: list[str],
+        top_k: int = 5,
+        mode: SearchMode = "hybrid",
+        filter: dict[str, Any] | None = None,
+    ) -> list[list[Hit]]:
+        body = _search_body(collection, queries, top_k, mode, filter)
+        return SearchResponse.model_validate(_check(self.http.post("/v1/search", json=body))).results
+
+    def ingest(self, collection: str, documents: list[Document]) -> IngestResponse:
+        url = f"/v1/collections/{collection}/documents"
+        return IngestResponse.model_validate(_check(self.http.post(url, json=_ingest_body(documents))))
+
+    def collections(self) -> list[CollectionInfo]:
+        return [CollectionInfo.model_validate(c) for c in _check(self.http.get("/v1/collections"))]
+
+    def delete(self, collection: str) -> None:
+        _check(self.http.delete(f"/v1/collections/{collection}"))
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> RetrieverClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncRetrieverClient:
+    """Async client for the agent loop: ``await client.search(collection, queries)``."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0, **kwargs: Any) -> None:
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **kwargs)
+
+    async def search(
+        self,
+        collection: str,
+        queries: list[str],
+        top_k: int = 5,
+        mode: SearchMode = "hybrid",
+        filter: dict[str, Any] | None = None,
+    ) -> list[list[Hit]]:
+        body = _search_body(collection, queries, top_k, mode, filter)
+        response = await self.http.post("/v1/search", json=body)
+        return SearchResponse.model_validate(_check(response)).results
+
+    async def ingest(self, collection: str, documents: list[Document]) -> IngestResponse:
+        url = f"/v1/collections/{collection}/documents"
+        response = await self.http.post(url, json=_ingest_body(documents))
+        return IngestResponse.model_validate(_check(response))
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
