@@ -1,0 +1,193 @@
+"""The synthetic world: determinism, derivable answers, unanswerable share, schema round trip."""
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hoprl.data.synthetic import (
+    PARAGRAPHS_PER_QUESTION,
+    SyntheticQuestion,
+    build_world,
+    generate,
+    hops_for,
+    read_jsonl,
+    write_jsonl,
+)
+from hoprl.judging import RulesJudge
+from hoprl.metrics.answer import normalize_answer
+from hoprl.schemas import Paragraph, Question
+
+SEED = 11
+SMALL = {"n_entities": 80, "n_train": 30, "n_dev": 10, "n_test": 10}
+
+
+@pytest.fixture(scope="module")
+def splits() -> dict[str, list[SyntheticQuestion]]:
+    return generate(seed=SEED)  # the default sizes: 300 entities, 600 / 150 / 150 questions
+
+
+@pytest.fixture(scope="module")
+def questions(splits: dict[str, list[SyntheticQuestion]]) -> list[SyntheticQuestion]:
+    return [q for qs in splits.values() for q in qs]
+
+
+def _number(value: str) -> int:
+    return int(value.replace(",", "").removesuffix(" km"))
+
+
+def _paragraph(q: Question, title: str) -> Paragraph:
+    return next(p for p in q.paragraphs if p.title == title)
+
+
+def test_same_seed_same_data_other_seed_other_data() -> None:
+    first, again, other = generate(seed=5, **SMALL), generate(seed=5, **SMALL), generate(seed=6, **SMALL)
+    dump = {k: [q.model_dump() for q in v] for k, v in first.items()}
+    assert dump == {k: [q.model_dump() for q in v] for k, v in again.items()}
+    assert dump != {k: [q.model_dump() for q in v] for k, v in other.items()}
+    assert build_world(5, 80).paragraphs() == build_world(5, 80).paragraphs()
+
+
+def test_same_seed_same_data_across_processes() -> None:
+    """String hashing is salted per process; generation must not depend on set or dict-of-set order."""
+    code = (
+        "import hashlib; from hoprl.data.synthetic import generate, write_jsonl; import tempfile, pathlib; "
+        "p = pathlib.Path(tempfile.mkdtemp()) / 'q.jsonl'; "
+        "write_jsonl(p, generate(seed=4, n_entities=60, n_train=20, n_dev=5, n_test=5)['train']); "
+        "print(hashlib.sha256(p.read_bytes()).hexdigest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": salt},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for salt in ("1", "2")
+    }
+    assert len(digests) == 1
+    assert len(digests.pop().strip()) == 64  # a real sha256, not two empty outputs
+
+
+def test_default_sizes_and_split_labels(splits: dict[str, list[SyntheticQuestion]]) -> None:
+    assert {k: len(v) for k, v in splits.items()} == {"train": 600, "dev": 150, "test": 150}
+    assert all(q.split == name and q.dataset == "synthetic" for name, qs in splits.items() for q in qs)
+    assert len(build_world(SEED).entities) == 300
+
+
+def test_ids_and_questions_are_unique(questions: list[SyntheticQuestion]) -> None:
+    assert len({q.id for q in questions}) == len(questions)
+    assert len({q.question for q in questions}) == len(questions)
+
+
+def test_all_types_present_and_unanswerable_share(questions: list[SyntheticQuestion]) -> None:
+    types = Counter(q.type for q in questions)
+    assert set(types) == {"bridge-2", "bridge-3", "bridge-4", "comparison"}
+    assert sum(not q.answerable for q in questions) == round(0.15 * 900)
+    assert {len(q.hops) for q in questions if q.type == "bridge-4"} == {4}
+
+
+def test_paragraph_sets_look_like_the_distractor_setting(questions: list[SyntheticQuestion]) -> None:
+    for q in questions:
+        titles = [p.title for p in q.paragraphs]
+        assert len(titles) == PARAGRAPHS_PER_QUESTION == len(set(titles))
+        assert set(q.gold_titles) <= set(titles)
+        assert {p.title for p in q.paragraphs if p.is_gold} == set(q.gold_titles)
+        assert [h.title for h in q.hops] == q.gold_titles
+
+
+def test_bridge_answers_follow_from_the_gold_chain(questions: list[SyntheticQuestion]) -> None:
+    for q in (q for q in questions if q.answerable and q.type != "comparison"):
+        for hop, following in zip(q.hops, q.hops[1:], strict=False):
+            assert hop.answer == following.title  # each hop's answer is the next paragraph
+        for hop in q.hops:
+            assert hop.answer is not None and hop.answer in _paragraph(q, hop.title).text
+            assert hop.title in hop.query
+        assert q.hops[-1].answer == q.answers[0]
+        assert normalize_answer(q.answers[0]) not in normalize_answer(q.question)
+
+
+def test_comparison_answers_follow_from_the_two_values(questions: list[SyntheticQuestion]) -> None:
+    for q in (q for q in questions if q.type == "comparison"):
+        a, b = q.hops
+        assert a.answer and b.answer and a.answer in _paragraph(q, a.title).text
+        smaller_wins = "first" in q.question
+        values = {h.title: _number(h.answer or "") for h in q.hops}
+        expected = (min if smaller_wins else max)(values, key=values.__getitem__)
+        assert q.answers == [expected]
+
+
+def test_unanswerable_questions_miss_exactly_the_last_fact(questions: list[SyntheticQuestion]) -> None:
+    world = build_world(SEED)
+    judge = RulesJudge()
+    for q in (q for q in questions if not q.answerable):
+        assert q.type in {"bridge-2", "bridge-3", "bridge-4"} and q.answers == []
+        assert q.hops[-1].answer is None
+        assert all(h.answer is not None for h in q.hops[:-1])
+        last = world.by_name[q.hops[-1].title]
+        assert q.hops[-1].relation in last.withheld
+        assert q.hops[-1].relation not in last.attrs and q.hops[-1].relation not in last.rels
+    answerable = [q for q in questions if q.answerable]
+    gold_evidence = [[p.text for p in q.paragraphs if p.is_gold] for q in answerable]
+    assert all(
+        judge.answerable(q.question, ev, q.answers).verdict
+        for q, ev in zip(answerable, gold_evidence, strict=True)
+    )
+
+
+def test_world_paragraphs_state_their_entity() -> None:
+    world = build_world(3, 60)
+    for e, p in zip(world.entities, world.paragraphs(), strict=True):
+        assert p.title == e.name and p.text.startswith(e.name)
+        for key, target in e.rels.items():
+            assert target in p.text, key
+
+
+def test_jsonl_round_trips_through_the_common_schema(tmp_path: Path) -> None:
+    qs = generate(seed=2, **SMALL)["dev"]
+    path = tmp_path / "synthetic" / "dev.jsonl"
+    assert write_jsonl(path, qs) == len(qs)
+    common = [Question.model_validate_json(line) for line in path.read_text().splitlines()]
+    assert common == [Question.model_validate(q.model_dump()) for q in qs]
+    assert not hasattr(common[0], "hops")
+    assert read_jsonl(path) == qs
+
+
+def test_hops_for_synthetic_and_benchmark_questions(questions: list[SyntheticQuestion]) -> None:
+    assert hops_for(questions[0]) == questions[0].hops
+    real = Question(
+        id="h1",
+        dataset="hotpotqa",
+        split="dev",
+        answers=["1912"],
+        question="When was the founder of Acme Works born?",
+        paragraphs=[
+            Paragraph(title="Jo Bell", text="Jo Bell (born 1912) was an engineer.", is_gold=True),
+            Paragraph(title="Other", text="Unrelated."),
+            Paragraph(title="Acme Works", text="Acme Works was founded by Jo Bell.", is_gold=True),
+        ],
+        gold_titles=["Jo Bell", "Acme Works"],
+    )
+    hops = hops_for(real)
+    assert [h.title for h in hops] == ["Acme Works", "Jo Bell"]  # named first, answer last
+    assert [h.query for h in hops] == ["Acme Works", "Jo Bell"]
+    assert [h.answer for h in hops] == [None, "1912"]
+    assert {h.relation for h in hops} == {""}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_entities": 20}, "at least 40"),
+        ({"unanswerable_share": 1.0}, "unanswerable_share"),
+        ({"n_entities": 40, "n_train": 20_000, "n_dev": 0, "n_test": 0}, "more entities"),
+    ],
+)
+def test_bad_sizes_name_the_fix(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        generate(seed=0, **kwargs)
