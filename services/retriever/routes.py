@@ -1,0 +1,136 @@
+"""HTTP routes of the retriever (``/v1`` paths, typed responses, declared errors)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from hoprl.schemas import CollectionInfo, IngestRequest, IngestResponse, SearchRequest, SearchResponse
+from services.errors import ERROR_RESPONSES, ApiError
+from services.retriever.index import CollectionNotFound, HybridIndex
+
+router = APIRouter(responses=ERROR_RESPONSES)
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+CollectionName = Annotated[str, Path(description="collection name: letters, digits, '_', '-', '.'")]
+
+
+def _index(request: Request) -> HybridIndex:
+    return request.app.state.index  # type: ignore[no-any-return]
+
+
+def _valid_name(name: str) -> str:
+    if not NAME.match(name):
+        raise ApiError(
+            422,
+            "invalid_collection_name",
+            f"collection name {name!r} is invalid: use 1-128 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit",
+        )
+    return name
+
+
+def _not_found(name: str, index: HybridIndex) -> ApiError:
+    known = [c.name for c in index.collections()]
+    return ApiError(
+        404,
+        "collection_not_found",
+        f"collection {name!r} does not exist; ingest documents into it first "
+        f"(POST /v1/collections/{name}/documents). Existing: {known}",
+    )
+
+
+@router.get("/v1/collections", operation_id="list_collections")
+def list_collections(request: Request) -> list[CollectionInfo]:
+    return _index(request).collections()
+
+
+@router.get("/v1/collections/{name}", operation_id="get_collection")
+def get_collection(name: CollectionName, request: Request) -> CollectionInfo:
+    index = _index(request)
+    try:
+        return index.info(_valid_name(name))
+    except CollectionNotFound:
+        raise _not_found(name, index) from None
+
+
+@router.put("/v1/collections/{name}", operation_id="create_collection")
+def create_collection(name: CollectionName, request: Request) -> CollectionInfo:
+    """Create an empty collection (idempotent). Ingesting into a missing collection creates it too."""
+    return _index(request).create(_valid_name(name))
+
+
+@router.delete("/v1/collections/{name}", operation_id="delete_collection")
+def delete_collection(name: CollectionName, request: Request) -> dict[str, str]:
+    index = _index(request)
+    try:
+        index.delete(_valid_name(name))
+    except CollectionNotFound:
+        raise _not_found(name, index) from None
+    return {"deleted": name}
+
+
+@router.post("/v1/collections/{name}/documents", operation_id="ingest_documents")
+def ingest(name: CollectionName, body: IngestRequest, request: Request) -> IngestResponse:
+    """Upsert a batch of documents; ids make it idempotent (re-ingesting replaces, never duplicates)."""
+    index = _index(request)
+    limit = index.settings.max_documents
+    if len(body.documents) > limit:
+        raise ApiError(
+            413, "batch_too_large", f"{len(body.documents)} documents in one request; the limit is {limit}"
+        )
+    return index.ingest(_valid_name(name), body.documents)
+
+
+@router.post("/v1/search", operation_id="search")
+def search(body: SearchRequest, request: Request) -> SearchResponse:
+    """Search a batch of queries; ``mode`` is dense, sparse (BM25) or hybrid (RRF of both)."""
+    index = _index(request)
+    s = index.settings
+    if len(body.queries) > s.max_queries:
+        raise ApiError(
+            413, "batch_too_large", f"{len(body.queries)} queries in one request; the limit is {s.max_queries}"
+        )
+    if body.top_k > s.max_top_k:
+        raise ApiError(422, "top_k_out_of_range", f"top_k must be between 1 and {s.max_top_k}")
+    try:
+        return index.search(body)
+    except CollectionNotFound:
+        raise _not_found(body.collection, index) from None
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1's retrieval-server request shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[str] = Field(min_length=1)
+    topk: int = Field(default=3, ge=1, le=100)
+    return_scores: bool = False
+    collection: str | None = Field(default=None, description="default: RETRIEVER_DEFAULT_COLLECTION")
+
+
+class RetrieveResponse(BaseModel):
+    result: list[list[dict[str, Any]]]
+
+
+@router.post("/retrieve", operation_id="retrieve_search_r1")
+def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
+    """Search-R1 compatibility: documents as ``{"id", "contents": '"title"\\ntext'}``."""
+    index = _index(request)
+    collection = body.collection or index.settings.default_collection
+    try:
+        query = SearchRequest(collection=collection, queries=body.queries, top_k=body.topk, mode="hybrid")
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", str(exc).splitlines()[-1].strip()) from None
+    response = search(query, request)
+    result = []
+    for hits in response.results:
+        docs = [{"id": h.id, "contents": f'"{h.title}"\n{h.text}'} for h in hits]
+        if body.return_scores:
+            result.append([{"document": d, "score": h.score} for d, h in zip(docs, hits, strict=True)])
+        else:
+            result.append(docs)
+    return RetrieveResponse(result=result)

@@ -1,0 +1,63 @@
+"""Retriever settings: environment variables with the ``RETRIEVER_`` prefix (``QDRANT_URL`` too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RetrieverSettings(BaseSettings):
+    """Where vectors live, how documents are embedded, the fusion recipe and the request limits.
+
+    Every field reads ``RETRIEVER_<FIELD>`` (e.g. ``RETRIEVER_STORAGE_PATH``); the Qdrant server
+    is also read from the conventional ``QDRANT_URL`` / ``QDRANT_API_KEY``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RETRIEVER_", extra="forbid")
+
+    storage_path: Path = Field(Path(".hoprl/qdrant"), description="embedded Qdrant folder")
+    qdrant_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("QDRANT_URL", "RETRIEVER_QDRANT_URL"),
+        description="a Qdrant server; unset = embedded storage at storage_path",
+    )
+    qdrant_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("QDRANT_API_KEY", "RETRIEVER_QDRANT_API_KEY")
+    )
+    engine: str = Field(
+        "edge",
+        description="embedded engine when no QDRANT_URL: 'edge' (qdrant-edge, default) or "
+        "'local' (qdrant-client's pure-Python local mode, slow; for parity tests)",
+    )
+    embedder: str | None = Field(None, description="embedder folder or HF id; unset = bundled MiniLM")
+    embed_max_length: int = Field(256, ge=16, le=512)
+    embed_batch_size: int = Field(32, ge=1, le=512)
+    torch_threads: int = Field(0, ge=0, description="0 = torch default")
+
+    bm25_k1: float = Field(1.2, gt=0)
+    bm25_b: float = Field(0.75, ge=0, le=1)
+    rrf_k: int = Field(60, ge=1)
+    weight_dense: float = Field(1.0, ge=0)
+    weight_sparse: float = Field(1.0, ge=0)
+    weight_title: float = Field(0.0, ge=0, description="BM25 over titles alone; 0 = not fused")
+    prefetch_limit: int = Field(50, ge=1, le=1000, description="candidates per prefetch before fusion")
+
+    default_collection: str = Field("default", description="collection for the Search-R1 /retrieve route")
+    max_queries: int = Field(256, ge=1, description="queries per search request")
+    max_documents: int = Field(4096, ge=1, description="documents per ingest request")
+    max_top_k: int = Field(100, ge=1)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: str) -> str:
+        if value not in ("edge", "local"):
+            raise ValueError(f"RETRIEVER_ENGINE must be 'edge' or 'local', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _some_fusion(self) -> RetrieverSettings:
+        if self.weight_dense + self.weight_sparse + self.weight_title <= 0:
+            raise ValueError("at least one of RETRIEVER_WEIGHT_DENSE/SPARSE/TITLE must be > 0")
+        return self
