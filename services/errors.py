@@ -43,9 +43,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()
-        ]
+        errors = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
         code, message = _validation_message(errors)
         return error_response(400 if code == "malformed_json" else 422, code, message, errors)
 

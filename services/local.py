@@ -17,7 +17,9 @@ from fastapi import FastAPI
 class LocalServer:
     """``with LocalServer(app) as server: httpx.get(server.url + "/healthz")``."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 120) -> None:
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 120
+    ) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="hoprl-local-server", daemon=True)

@@ -112,12 +112,16 @@ class HybridIndex:
         ]
         self.store.upsert(name, points)
         took = (time.perf_counter() - start) * 1000
-        return IngestResponse(collection=name, upserted=len(points), points=self.store.count(name), took_ms=took)
+        return IngestResponse(
+            collection=name, upserted=len(points), points=self.store.count(name), took_ms=took
+        )
 
     def search(self, request: SearchRequest) -> SearchResponse:
         start = time.perf_counter()
         self._require(request.collection)
-        queries = [self._query(request, q, v) for q, v in zip(request.queries, self._dense(request), strict=True)]
+        queries = [
+            self._query(request, q, v) for q, v in zip(request.queries, self._dense(request), strict=True)
+        ]
         results = self.store.query(request.collection, queries)
         took = (time.perf_counter() - start) * 1000
         hits = [[_hit(r, rank) for rank, r in enumerate(rows, start=1)] for rows in results]

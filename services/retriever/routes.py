@@ -91,7 +91,9 @@ def search(body: SearchRequest, request: Request) -> SearchResponse:
     s = index.settings
     if len(body.queries) > s.max_queries:
         raise ApiError(
-            413, "batch_too_large", f"{len(body.queries)} queries in one request; the limit is {s.max_queries}"
+            413,
+            "batch_too_large",
+            f"{len(body.queries)} queries in one request; the limit is {s.max_queries}",
         )
     if body.top_k > s.max_top_k:
         raise ApiError(422, "top_k_out_of_range", f"top_k must be between 1 and {s.max_top_k}")

@@ -1,0 +1,65 @@
+"""A retrieval corpus from questions: pool their paragraphs, de-duplicate, give stable ids.
+
+The convention of the multi-hop retrieval papers: a benchmark file's corpus is the pool of all its
+questions' paragraphs, de-duplicated by (title, text). A document id is a hash of (title, text), so
+the same paragraph gets the same id in every run and on every machine (idempotent re-ingest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+
+from hoprl.schemas import Document, Question
+
+
+def doc_id(title: str, text: str) -> str:
+    """Stable id of a paragraph: 16 hex chars of SHA-1 over title and text."""
+    return hashlib.sha1(f"{title}\x1f{text}".encode()).hexdigest()[:16]
+
+
+def pool(questions: Iterable[Question]) -> list[Document]:
+    """All paragraphs of ``questions``, de-duplicated by (title, text), in first-seen order."""
+    seen: dict[str, Document] = {}
+    for q in questions:
+        for p in q.paragraphs:
+            did = doc_id(p.title, p.text)
+            if did not in seen:
+                seen[did] = Document(id=did, title=p.title, text=p.text, metadata={"dataset": q.dataset})
+    return list(seen.values())
+
+
+def gold_ids(question: Question) -> set[str]:
+    """Ids of the question's gold paragraphs (``is_gold``, or title in ``gold_titles``)."""
+    titles = set(question.gold_titles)
+    return {doc_id(p.title, p.text) for p in question.paragraphs if p.is_gold or p.title in titles}
+
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def chunk(documents: Iterable[Document], max_words: int = 200, overlap: int = 1) -> list[Document]:
+    """Split long documents into chunks of at most ``max_words`` words on sentence boundaries.
+
+    Chunks repeat the last ``overlap`` sentences of the previous chunk, keep the title, and get ids
+    ``<doc id>#<n>`` with ``metadata.parent`` = the document id. Short documents stay whole.
+    """
+    out: list[Document] = []
+    for doc in documents:
+        if len(doc.text.split()) <= max_words:
+            out.append(doc)
+            continue
+        sentences = _SENTENCE.split(doc.text)
+        start, n = 0, 0
+        while start < len(sentences):
+            end, words = start, 0
+            while end < len(sentences) and (words == 0 or words + len(sentences[end].split()) <= max_words):
+                words += len(sentences[end].split())
+                end += 1
+            text = " ".join(sentences[start:end])
+            meta = {**doc.metadata, "parent": doc.id, "chunk": n}
+            out.append(Document(id=f"{doc.id}#{n}", title=doc.title, text=text, metadata=meta))
+            n += 1
+            start = end if end >= len(sentences) else max(start + 1, end - overlap)
+    return out
