@@ -1,0 +1,55 @@
+# One entry point. `make run` and `make test` set everything up themselves on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The stamp changes whenever pyproject.toml does, so `make` re-installs after a dependency change.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+DATASET ?= ../shared/data/hotpotqa_dev.jsonl
+PYTEST_ARGS ?=
+
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv run test lint bench openapi services clean help
+
+help:
+	@echo "make run      evaluate retrieval on DATASET=$(DATASET) through the retriever service"
+	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
+	@echo "make lint     ruff + mypy"
+	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
+	@echo "make openapi  write each service's OpenAPI spec to openapi/"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned: a CPU build where the machine provides one, so nothing pulls CUDA torch.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+services:
+	@bash infra/local-services.sh
+
+run: venv
+	$(BIN)/hoprl eval-retrieval --data $(DATASET) --mode dense sparse hybrid --k 2 5 10
+
+test: venv services
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy hoprl services
+
+bench: venv
+	$(BIN)/python bench/retrieval.py --data ../shared/data/hotpotqa_dev.jsonl
+
+openapi: venv
+	$(BIN)/python -m services.openapi openapi
+
+clean:
+	rm -rf $(VENV) .hoprl .mypy_cache .ruff_cache

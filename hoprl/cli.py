@@ -1,0 +1,196 @@
+"""``hoprl``: one command line for everything a user runs.
+
+Examples::
+
+    hoprl serve retriever --port 8001
+    hoprl eval-retrieval --data ../shared/data/hotpotqa_dev.jsonl --mode hybrid --k 2 5 10
+    hoprl synth --seed 0 --out data/synthetic
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+# name -> the ASGI app of that service (later issues add policy, judge and trainer)
+SERVICES = {"retriever": "services.retriever.app:app"}
+DEFAULT_PORTS = {"retriever": 8001, "policy": 8002, "judge": 8003, "trainer": 8004}
+
+console = Console(stderr=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    if args.service not in SERVICES:
+        console.print(f"[red]unknown service {args.service!r}; valid: {', '.join(SERVICES)}")
+        return 2
+    port = args.port or DEFAULT_PORTS[args.service]
+    uvicorn.run(SERVICES[args.service], host=args.host, port=port, log_level=args.log_level)
+    return 0
+
+
+def _results_table(report: object) -> Table:
+    from hoprl.evaluation import RetrievalEval
+
+    assert isinstance(report, RetrievalEval)
+    first = next(iter(report.results.values()))
+    columns = [c for c in first if c != "questions"]
+    table = Table(title=f"retrieval on {report.collection} ({report.documents} paragraphs)")
+    table.add_column("mode")
+    for c in columns:
+        table.add_column(c.replace("full_recall", "FullR").replace("recall", "R").replace("map", "mAP"), justify="right")
+    for mode, metrics in report.results.items():
+        table.add_row(mode, *(f"{metrics[c]:.3f}" for c in columns))
+    return table
+
+
+def cmd_eval_retrieval(args: argparse.Namespace) -> int:
+    from hoprl.clients.retriever import RetrieverClient
+    from hoprl.data.sources import load
+    from hoprl.evaluation import evaluate_retrieval
+
+    questions = load(args.data, split=args.split, limit=args.limit)
+    name = Path(args.data).stem if Path(args.data).exists() else args.data.replace(":", "-")
+    if args.url:
+        with RetrieverClient(args.url) as client:
+            report = evaluate_retrieval(client, questions, args.mode, args.k, name=name)
+    else:
+        from services.local import LocalServer
+        from services.retriever.app import create_app
+        from services.retriever.settings import RetrieverSettings
+
+        settings = RetrieverSettings(storage_path=args.storage) if args.storage else RetrieverSettings()
+        console.print(f"starting the retriever on the embedded default ({settings.storage_path})")
+        with LocalServer(create_app(settings)) as server, RetrieverClient(server.url) as client:
+            report = evaluate_retrieval(client, questions, args.mode, args.k, name=name)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "collection": report.collection,
+                    "documents": report.documents,
+                    "index_rate": report.index_rate,
+                    "results": report.results,
+                }
+            )
+        )
+    else:
+        out = Console(width=max(100, Console().width))
+        out.print(_results_table(report))
+        if report.index_rate:
+            out.print(f"indexed {report.documents} paragraphs at {report.index_rate:.0f}/s")
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from hoprl.data.synthetic import generate, write_jsonl
+
+    splits = generate(
+        seed=args.seed, n_entities=args.entities, n_train=args.train, n_dev=args.dev, n_test=args.test
+    )
+    for split, questions in splits.items():
+        path = Path(args.out) / f"synthetic_{split}.jsonl"
+        write_jsonl(path, questions)
+        console.print(f"wrote {len(questions)} questions to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hoprl",
+        description="Train and serve multi-hop retrieval agents with reinforcement learning.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("Examples::", 1)[1] if __doc__ else None,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="start a service (HTTP, /v1 paths, /healthz and /readyz)",
+        description="Start one hoprl service in the foreground. Settings come from "
+        "environment variables with the service's prefix (RETRIEVER_..., QDRANT_URL).",
+    )
+    serve.add_argument("service", choices=sorted(SERVICES), help="which service")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="default: retriever 8001, policy 8002, judge 8003, trainer 8004",
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=cmd_serve)
+
+    ev = sub.add_parser(
+        "eval-retrieval",
+        help="index a question file's pooled corpus and score retrieval",
+        description="Pool the paragraphs of every question (de-duplicated by title+text), "
+        "index them through the retriever service, search with each question and report "
+        "Recall@K, Full-Recall@K (every gold paragraph in the top K) and mAP.",
+    )
+    ev.add_argument("--data", required=True, help="common-schema JSONL path, 'synthetic', or a hub name")
+    ev.add_argument("--split", default="dev", help="split for 'synthetic' and hub names")
+    ev.add_argument("--limit", type=int, default=None, help="first N questions only")
+    ev.add_argument(
+        "--mode",
+        nargs="+",
+        default=["dense", "sparse", "hybrid"],
+        choices=["dense", "sparse", "hybrid"],
+        help="search modes to compare",
+    )
+    ev.add_argument("--k", nargs="+", type=int, default=[2, 5, 10], help="cut-offs K")
+    ev.add_argument(
+        "--url",
+        default=None,
+        help="a running retriever; default: start one in-process on 127.0.0.1 with embedded storage",
+    )
+    ev.add_argument(
+        "--storage",
+        type=Path,
+        default=None,
+        help="embedded storage folder "
+        "(default RETRIEVER_STORAGE_PATH or .hoprl/qdrant); indexes are reused across runs",
+    )
+    ev.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    ev.set_defaults(func=cmd_eval_retrieval)
+
+    syn = sub.add_parser("synth", help="write the synthetic multi-hop world as JSONL files")
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--out", type=Path, default=Path("data/synthetic"))
+    syn.add_argument("--entities", type=int, default=300)
+    syn.add_argument("--train", type=int, default=600)
+    syn.add_argument("--dev", type=int, default=150)
+    syn.add_argument("--test", type=int, default=150)
+    syn.set_defaults(func=cmd_synth)
+    return parser
+
+
+def app(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from hoprl.data.jsonl import DataError
+
+    try:
+        return int(args.func(args))
+    except DataError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+def main() -> None:
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

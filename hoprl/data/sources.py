@@ -1,0 +1,32 @@
+"""One way to name a dataset everywhere: a JSONL path, a hub name, or ``synthetic``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hoprl.data.hub import HUB, load_hub
+from hoprl.data.jsonl import DataError, load_questions
+from hoprl.schemas import Question
+
+
+def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0) -> list[Question]:
+    """Load questions from ``spec``.
+
+    - a path to a common-schema JSONL file (e.g. ``../shared/data/hotpotqa_dev.jsonl``), read in place;
+    - ``synthetic`` (optionally ``synthetic:SEED``): the generated multi-hop world, split ``split``;
+    - a hub name (``hotpotqa``, ``2wiki``, ``musique``, ``bamboogle``, ``nq``, ``triviaqa``, ``popqa``).
+    """
+    if Path(spec).exists():
+        return load_questions(spec, limit)
+    if spec.split(":")[0] == "synthetic":
+        from hoprl.data.synthetic import generate
+
+        world_seed = int(spec.split(":")[1]) if ":" in spec else seed
+        questions: list[Question] = list(generate(seed=world_seed)[split])
+        return questions[:limit] if limit is not None else questions
+    if spec in HUB:
+        return load_hub(spec, split, limit)
+    raise DataError(
+        f"{spec!r} is neither a file, 'synthetic', nor a hub dataset ({', '.join(HUB)}); "
+        "benchmark samples are in ../shared/data"
+    )

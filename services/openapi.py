@@ -1,0 +1,24 @@
+"""Write each service's OpenAPI spec: ``python -m services.openapi OUT_DIR`` (``make openapi``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from services.retriever.app import create_app as retriever_app
+
+APPS = {"retriever": retriever_app}
+
+
+def main(out: str = "openapi") -> None:
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, factory in APPS.items():
+        path = folder / f"{name}.json"
+        path.write_text(json.dumps(factory().openapi(), indent=2) + "\n")
+        print(f"wrote {path}")  # a command-line entry point: stdout is its output
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:2])

@@ -1,0 +1,117 @@
+"""The retriever's HTTP API on both Qdrant engines: search modes, ingest, collections, errors."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from hoprl.clients.retriever import RetrieverClient, ServiceError
+from hoprl.schemas import Document
+
+from .conftest import CORPUS
+
+
+def test_health_and_ready(service: str) -> None:
+    assert httpx.get(f"{service}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{service}/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse", "hybrid"])
+def test_search_finds_the_matching_document(service: str, mode: str) -> None:
+    with RetrieverClient(service) as client:
+        hits = client.search("tiny", ["Who founded Acme Records?", "river through Velmora"], top_k=3, mode=mode)
+    assert [h.id for h in hits[0]][0] == "acme"
+    assert "ansk" in [h.id for h in hits[1]][:2]
+    assert [h.rank for h in hits[0]] == list(range(1, len(hits[0]) + 1))
+    assert hits[0][0].title == "Acme Records" and hits[0][0].metadata == {"kind": "company"}
+
+
+def test_hybrid_fuses_dense_and_sparse(service: str) -> None:
+    """Qdrant's RRF is sum_i w_i / (k + rank_i) with 0-based ranks: first in both lists = 2/60."""
+    with RetrieverClient(service) as client:
+        hits = client.search("tiny", ["Acme Records founded 1961 Jane Roe"], top_k=1, mode="hybrid")[0]
+    assert hits[0].id == "acme"
+    assert hits[0].score == pytest.approx(2 / 60, rel=1e-4)
+
+
+def test_filter_restricts_to_payload(service: str) -> None:
+    with RetrieverClient(service) as client:
+        hits = client.search("tiny", ["founded"], top_k=5, filter={"kind": "company"})[0]
+    assert {h.id for h in hits} == {"acme", "brio"}
+
+
+def test_ingest_is_idempotent_by_id(service: str) -> None:
+    with RetrieverClient(service) as client:
+        first = client.ingest("idem", CORPUS[:3])
+        again = client.ingest("idem", [*CORPUS[:3], Document(id="new", title="N", text="A new document.")])
+        assert (first.points, again.points) == (3, 4)
+        changed = Document(id="acme", title="Acme Records", text="Acme Records moved to Tessa in 2001.")
+        assert client.ingest("idem", [changed]).points == 4
+        top = client.search("idem", ["Acme moved to Tessa"], top_k=1)[0][0]
+        assert top.id == "acme" and "2001" in top.text
+        client.delete("idem")
+
+
+def test_collections_list_create_delete(service: str) -> None:
+    with RetrieverClient(service) as client:
+        assert httpx.put(f"{service}/v1/collections/empty").status_code == 200
+        names = {c.name: c.points for c in client.collections()}
+        assert names["tiny"] == len(CORPUS) and names["empty"] == 0
+        client.delete("empty")
+        assert "empty" not in {c.name for c in client.collections()}
+        with pytest.raises(ServiceError) as err:
+            client.delete("empty")
+        assert err.value.status == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        ({"collection": "tiny", "queries": [""]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["   "]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": []}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "top_k": 0}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "top_k": 101}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "mode": "bm42"}, 422, "invalid_request"),
+        ({"collection": "nope", "queries": ["x"]}, 404, "collection_not_found"),
+        ({"collection": "tiny", "queries": ["x"] * 257}, 413, "batch_too_large"),
+        ({"collection": "tiny", "queries": ["x"], "surprise": 1}, 422, "invalid_request"),
+    ],
+)
+def test_bad_search_input_is_a_json_4xx(service: str, body: dict, status: int, error: str) -> None:
+    response = httpx.post(f"{service}/v1/search", json=body)
+    assert response.status_code == status
+    assert response.json()["error"] == error
+    assert response.json()["message"]
+
+
+def test_malformed_json_and_bad_names(service: str) -> None:
+    bad = httpx.post(
+        f"{service}/v1/search", content=b'{"collection": "tiny", "queries": [', headers={"content-type": "application/json"}
+    )
+    assert bad.status_code == 400 and bad.json()["error"] == "malformed_json"
+    bad_name = httpx.post(f"{service}/v1/collections/..%20x/documents", json={"documents": []})
+    assert 400 <= bad_name.status_code < 500 and "error" in bad_name.json()
+
+
+def test_bad_ingest_loses_nothing(service: str) -> None:
+    """A rejected batch writes nothing: the collection keeps exactly what it had."""
+    too_many = {"documents": [{"id": f"d{i}", "text": "x"} for i in range(4097)]}
+    empty_text = {"documents": [{"id": "ok", "text": "fine"}, {"id": "bad", "text": ""}]}
+    for body, status in [(too_many, 413), (empty_text, 422), ({"documents": []}, 422)]:
+        response = httpx.post(f"{service}/v1/collections/tiny/documents", json=body)
+        assert response.status_code == status, response.text
+    with RetrieverClient(service) as client:
+        assert {c.name: c.points for c in client.collections()}["tiny"] == len(CORPUS)
+
+
+def test_search_r1_retrieve_route(service: str) -> None:
+    body = {"queries": ["Who founded Acme Records?"], "topk": 2, "return_scores": True, "collection": "tiny"}
+    result = httpx.post(f"{service}/retrieve", json=body).json()["result"]
+    assert len(result) == 1 and len(result[0]) == 2
+    assert result[0][0]["document"]["contents"].startswith('"Acme Records"\n')
+    plain = httpx.post(f"{service}/retrieve", json={**body, "return_scores": False}).json()["result"]
+    assert plain[0][0]["id"] == "acme"
+    missing = httpx.post(f"{service}/retrieve", json={"queries": ["x"]})
+    assert missing.status_code == 404 and missing.json()["error"] == "collection_not_found"
