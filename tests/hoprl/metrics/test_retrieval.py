@@ -1,0 +1,37 @@
+"""Retrieval metrics on rankings whose values are computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from hoprl.metrics.retrieval import average_precision, full_recall_at_k, recall_at_k, retrieval_report
+
+RANKED = ["d1", "g1", "d2", "g2", "d3"]
+GOLD = {"g1", "g2"}
+
+
+@pytest.mark.parametrize(
+    ("k", "recall", "full"),
+    [(1, 0.0, 0.0), (2, 0.5, 0.0), (3, 0.5, 0.0), (4, 1.0, 1.0), (10, 1.0, 1.0)],
+)
+def test_recall_and_full_recall(k: int, recall: float, full: float) -> None:
+    assert recall_at_k(RANKED, GOLD, k) == recall
+    assert full_recall_at_k(RANKED, GOLD, k) == full
+
+
+def test_average_precision_by_hand() -> None:
+    # hits at ranks 2 and 4: (1/2 + 2/4) / 2
+    assert average_precision(RANKED, GOLD) == pytest.approx((1 / 2 + 2 / 4) / 2)
+    assert average_precision(RANKED, GOLD, k=3) == pytest.approx((1 / 2) / 2)
+    assert average_precision(["g1", "g2"], GOLD) == 1.0
+    assert average_precision(RANKED, set()) == 0.0
+
+
+def test_report_averages_over_questions_with_gold() -> None:
+    report = retrieval_report([RANKED, ["g3", "x"], ["x"]], [GOLD, {"g3"}, set()], ks=[2, 4])
+    assert report["questions"] == 2
+    assert report["recall@2"] == pytest.approx((0.5 + 1.0) / 2)
+    assert report["full_recall@4"] == 1.0
+    assert report["map@4"] == pytest.approx(((1 / 2 + 2 / 4) / 2 + 1.0) / 2)
+    with pytest.raises(ValueError, match="no question has gold"):
+        retrieval_report([["x"]], [set()], ks=[1])
