@@ -45,7 +45,9 @@ def _results_table(report: object) -> Table:
     table = Table(title=f"retrieval on {report.collection} ({report.documents} paragraphs)")
     table.add_column("mode")
     for c in columns:
-        table.add_column(c.replace("full_recall", "FullR").replace("recall", "R").replace("map", "mAP"), justify="right")
+        table.add_column(
+            c.replace("full_recall", "FullR").replace("recall", "R").replace("map", "mAP"), justify="right"
+        )
     for mode, metrics in report.results.items():
         table.add_row(mode, *(f"{metrics[c]:.3f}" for c in columns))
     return table

@@ -150,7 +150,7 @@ def load_hub(
         rows = datasets.load_dataset("json", data_files=data_files, split="train")
     else:
         rows = datasets.load_dataset(spec.path, spec.config, split=spec.splits[split])
-    out = []
+    out: list[Question] = []
     for row in rows:
         if limit is not None and len(out) >= limit:
             break

@@ -32,7 +32,7 @@ def iter_questions(path: str | Path) -> Iterator[Question]:
 
 def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
     """Load a common-schema JSONL file (e.g. ``../shared/data/hotpotqa_dev.jsonl``), read in place."""
-    out = []
+    out: list[Question] = []
     for q in iter_questions(path):
         if limit is not None and len(out) >= limit:
             break

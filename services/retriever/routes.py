@@ -18,7 +18,8 @@ CollectionName = Annotated[str, Path(description="collection name: letters, digi
 
 
 def _index(request: Request) -> HybridIndex:
-    return request.app.state.index  # type: ignore[no-any-return]
+    index: HybridIndex = request.app.state.index
+    return index
 
 
 def _valid_name(name: str) -> str:
@@ -128,7 +129,7 @@ def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     except ValueError as exc:
         raise ApiError(422, "invalid_request", str(exc).splitlines()[-1].strip()) from None
     response = search(query, request)
-    result = []
+    result: list[list[dict[str, Any]]] = []
     for hits in response.results:
         docs = [{"id": h.id, "contents": f'"{h.title}"\n{h.text}'} for h in hits]
         if body.return_scores:

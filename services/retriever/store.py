@@ -163,7 +163,8 @@ class EdgeStore:
                     prefetches=[
                         qe.Prefetch(limit=p.limit, query=self._nearest(p), filter=flt) for p in q.prefetches
                     ],
-                    query=qe.Fusion.Rrf(k=q.rrf_k, weights=q.weights or None),
+                    # the stub types Fusion.Rrf as its own class; the engine accepts it as a query
+                    query=qe.Fusion.Rrf(k=q.rrf_k, weights=q.weights or None),  # type: ignore[arg-type]
                     with_payload=True,
                 )
             out.append([ScoredPayload(dict(r.payload or {}), float(r.score)) for r in shard.query(request)])

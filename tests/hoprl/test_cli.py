@@ -24,8 +24,19 @@ def test_help_teaches(tmp_path: Path) -> None:
 
 def test_eval_retrieval_json_on_real_data(tmp_path: Path) -> None:
     data = shared_file("hotpotqa_dev.jsonl")
-    args = ["eval-retrieval", "--data", str(data), "--limit", "15", "--k", "2", "5", "--json",
-            "--storage", str(tmp_path / "qdrant")]
+    args = [
+        "eval-retrieval",
+        "--data",
+        str(data),
+        "--limit",
+        "15",
+        "--k",
+        "2",
+        "5",
+        "--json",
+        "--storage",
+        str(tmp_path / "qdrant"),
+    ]
     out = hoprl(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])

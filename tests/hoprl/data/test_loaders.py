@@ -35,8 +35,11 @@ TWOWIKI_ROW = {
     "_id": "13f5ad2c088c11ebbd6fac1f6bf848b6",
     "type": "compositional",
     "question": "Who is the mother of the director of film Polish-Russian War?",
-    "context": [["Polish-Russian War (film)", ["Polish-Russian War is a 2009 film directed by Xawery Żuławski."]],
-                ["Xawery Żuławski", ["His mother is Małgorzata Braunek."]], ["Other", ["Unrelated."]]],
+    "context": [
+        ["Polish-Russian War (film)", ["Polish-Russian War is a 2009 film directed by Xawery Żuławski."]],
+        ["Xawery Żuławski", ["His mother is Małgorzata Braunek."]],
+        ["Other", ["Unrelated."]],
+    ],
     "supporting_facts": [["Polish-Russian War (film)", 0], ["Xawery Żuławski", 0]],
     "answer": "Małgorzata Braunek",
 }
@@ -48,7 +51,12 @@ MUSIQUE_ROW = {
     "answerable": True,
     "question_decomposition": [{"id": 1}, {"id": 2}],
     "paragraphs": [
-        {"idx": 0, "title": "Velvet", "paragraph_text": "Velvet was released by Acme.", "is_supporting": True},
+        {
+            "idx": 0,
+            "title": "Velvet",
+            "paragraph_text": "Velvet was released by Acme.",
+            "is_supporting": True,
+        },
         {"idx": 1, "title": "Acme", "paragraph_text": "Acme was founded by Jane Roe.", "is_supporting": True},
         {"idx": 2, "title": "Noise", "paragraph_text": "Unrelated text.", "is_supporting": False},
     ],
@@ -58,7 +66,9 @@ MUSIQUE_ROW = {
 def test_hotpotqa_row_maps_to_common_schema() -> None:
     q = HUB["hotpotqa"].mapper(HOTPOT_ROW, "dev")
     assert q.dataset == "hotpotqa" and q.answers == ["yes"] and q.type == "comparison"
-    assert q.paragraphs[0].text == "Ed Wood is a 1994 American biographical film. It was directed by Tim Burton."
+    assert (
+        q.paragraphs[0].text == "Ed Wood is a 1994 American biographical film. It was directed by Tim Burton."
+    )
     assert q.gold_titles == ["Scott Derrickson", "Ed Wood"]
     assert [p.is_gold for p in q.paragraphs] == [False, True, True]
 
@@ -76,11 +86,25 @@ def test_2wiki_and_musique_rows() -> None:
     ("name", "row", "answers"),
     [
         ("bamboogle", {"Question": "Who was president when X?", "Answer": "Lincoln"}, ["Lincoln"]),
-        ("nq", {"question": "who sang thriller", "answer": ["Michael Jackson", "MJ"]}, ["Michael Jackson", "MJ"]),
-        ("triviaqa", {"question": "Q?", "question_id": "tq1",
-                      "answer": {"value": "Paris", "aliases": ["Paris", "City of Light"]}}, ["Paris", "City of Light"]),
-        ("popqa", {"id": 7, "question": "What is X's occupation?", "possible_answers": '["actor", "actress"]'},
-         ["actor", "actress"]),
+        (
+            "nq",
+            {"question": "who sang thriller", "answer": ["Michael Jackson", "MJ"]},
+            ["Michael Jackson", "MJ"],
+        ),
+        (
+            "triviaqa",
+            {
+                "question": "Q?",
+                "question_id": "tq1",
+                "answer": {"value": "Paris", "aliases": ["Paris", "City of Light"]},
+            },
+            ["Paris", "City of Light"],
+        ),
+        (
+            "popqa",
+            {"id": 7, "question": "What is X's occupation?", "possible_answers": '["actor", "actress"]'},
+            ["actor", "actress"],
+        ),
     ],
 )
 def test_open_domain_rows(name: str, row: dict, answers: list[str]) -> None:

@@ -20,8 +20,10 @@ def test_health_and_ready(service: str) -> None:
 @pytest.mark.parametrize("mode", ["dense", "sparse", "hybrid"])
 def test_search_finds_the_matching_document(service: str, mode: str) -> None:
     with RetrieverClient(service) as client:
-        hits = client.search("tiny", ["Who founded Acme Records?", "river through Velmora"], top_k=3, mode=mode)
-    assert [h.id for h in hits[0]][0] == "acme"
+        hits = client.search(
+            "tiny", ["Who founded Acme Records?", "river through Velmora"], top_k=3, mode=mode
+        )
+    assert hits[0][0].id == "acme"
     assert "ansk" in [h.id for h in hits[1]][:2]
     assert [h.rank for h in hits[0]] == list(range(1, len(hits[0]) + 1))
     assert hits[0][0].title == "Acme Records" and hits[0][0].metadata == {"kind": "company"}
@@ -88,7 +90,9 @@ def test_bad_search_input_is_a_json_4xx(service: str, body: dict, status: int, e
 
 def test_malformed_json_and_bad_names(service: str) -> None:
     bad = httpx.post(
-        f"{service}/v1/search", content=b'{"collection": "tiny", "queries": [', headers={"content-type": "application/json"}
+        f"{service}/v1/search",
+        content=b'{"collection": "tiny", "queries": [',
+        headers={"content-type": "application/json"},
     )
     assert bad.status_code == 400 and bad.json()["error"] == "malformed_json"
     bad_name = httpx.post(f"{service}/v1/collections/..%20x/documents", json={"documents": []})
