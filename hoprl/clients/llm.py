@@ -35,7 +35,8 @@ class Completion:
     """One generated choice.
 
     ``stop`` is the stop text appended by the rule above (``None``: nothing appended);
-    ``logprobs`` holds one ``(token, logprob)`` per generated token when asked for.
+    ``logprobs`` holds one ``(token, logprob)`` per generated token when asked for; ``usage`` is
+    the response's ``prompt_tokens`` / ``completion_tokens`` (for all ``n`` choices together).
     """
 
     text: str

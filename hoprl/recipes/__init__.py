@@ -1,0 +1,34 @@
+"""The recipe registry: a plain dict from recipe name to recipe class.
+
+>>> recipe = get_recipe("eval-rar", r_eval=0.2)
+>>> recipe.name, recipe.top_k
+('eval-rar', 3)
+
+Config keyword arguments are validated by the recipe's pydantic config (``extra="forbid"``), so a
+misspelt constant fails loudly instead of silently keeping the paper default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hoprl.recipes.arena import Arena
+from hoprl.recipes.base import unknown
+from hoprl.recipes.baselines import NaiveRAG, SearchR1
+from hoprl.recipes.eval_rar import EvalRAR
+from hoprl.recipes.when_to_search import WhenToSearch
+
+RECIPES: dict[str, type[Any]] = {
+    "naive-rag": NaiveRAG,
+    "search-r1": SearchR1,
+    "eval-rar": EvalRAR,
+    "arena": Arena,
+    "when-to-search": WhenToSearch,
+}
+
+
+def get_recipe(name: str, **config: Any) -> Any:
+    """A recipe instance by name, its config overridden by ``config``; unknown names list the valid ones."""
+    if name not in RECIPES:
+        raise unknown("recipe", name, RECIPES)
+    return RECIPES[name](**config)

@@ -1,0 +1,264 @@
+"""The episode runner: drive any recipe through a multi-turn chat with a model and a retriever.
+
+One episode is a chat. Each step asks the chat endpoint for the next *segment* with the recipe's
+stop sequences (the client re-appends the stop text), appends it as an assistant message and
+parses it with ``recipe.parse`` into an :class:`~hoprl.recipes.base.Action`:
+
+- ``search``: all the step's queries go to the retriever in one batch call (``recipe.top_k`` hits
+  each); ``recipe.information(docs)`` is appended as a *user* message. That text is injected
+  (mask 0), recorded in ``Step.information``.
+- ``backtrack`` (EVO-RAG): the conversation returns to its state before the last search step that
+  is still in it (that step's assistant and information messages, and anything after them, are
+  dropped; the backtrack segment itself is not appended). Every step stays in the episode record.
+- ``answer`` / ``refuse`` / ``stop``: the episode ends with that outcome.
+- ``format_error``: recorded as a step; ends the episode (outcome ``format_error``) unless the
+  recipe sets ``end_on_format_error = False``, in which case the segment stays in the chat and
+  the episode goes on. A segment cut by ``max_tokens`` (finish reason ``length``) is a format
+  error, since its last block is truncated.
+
+Limits: ``max_steps`` segments (outcome ``step_cap``); ``token_budget`` tokens of completion, i.e.
+the growth of the context since the initial prompt (generated + injected + chat-template tokens,
+as the server counts them in ``usage``; outcome ``token_budget``); ``timeout_s`` wall seconds for
+the whole episode (outcome ``timeout``, steps so far kept).
+
+Optional recipe hooks beyond :class:`~hoprl.recipes.base.Recipe`, read with ``getattr``:
+
+- ``retrieve_first: bool = False``: before step 1 the runner searches once with the question and
+  builds the prompt with ``recipe.messages(question, docs=docs)``. That retrieval is recorded on
+  step 1 (``queries == [question]``, its ``docs``), so retrieval counts and recall see it; its
+  text lives in the prompt, not in ``Step.information``.
+- ``end_on_format_error: bool = True`` (see above).
+
+Timings (seconds): ``retrieval``, ``generation`` and ``total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.clients.llm import Completion, LLMClient
+from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.recipes.base import Action
+from hoprl.schemas import Question, SearchMode
+
+log = logging.getLogger(__name__)
+
+
+class AgentRecipe(Protocol):
+    """What the runner needs of a recipe (read-only members, so class or instance attributes fit)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def stop(self) -> list[str]: ...
+    @property
+    def top_k(self) -> int: ...
+    def messages(self, question: Question) -> list[dict[str, str]]: ...
+    def parse(self, segment: str) -> Action: ...
+    def information(self, docs: list[list[RetrievedDoc]]) -> str: ...
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Limits and sampling of one episode; see :func:`run_episode`."""
+
+    max_steps: int = 10
+    max_new_tokens_per_step: int = 512
+    token_budget: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    search_mode: SearchMode = "hybrid"
+    timeout_s: float | None = None
+    logprobs: bool = False
+
+
+class _Run:
+    """State of one episode while it runs (the chat so far, budgets, timings)."""
+
+    def __init__(
+        self,
+        recipe: AgentRecipe,
+        question: Question,
+        llm: LLMClient,
+        retriever: AsyncRetrieverClient,
+        collection: str,
+        opts: RunOptions,
+        sample: int,
+    ) -> None:
+        self.recipe, self.question, self.llm, self.retriever = recipe, question, llm, retriever
+        self.collection, self.opts = collection, opts
+        self.episode = Episode(
+            recipe=recipe.name, question_id=question.id, question=question.question,
+            answers=list(question.answers), gold_titles=list(question.gold_titles),
+            sample=sample, outcome="step_cap",
+        )
+        self.episode.timings = {"retrieval": 0.0, "generation": 0.0}
+        self.seed = None if opts.seed is None else opts.seed + sample
+        self.messages: list[dict[str, str]] = []
+        self.search_starts: list[int] = []  # index of each live search step's assistant message
+        self.first_docs: list[list[RetrievedDoc]] | None = None
+        self.prompt_tokens: int | None = None
+        self.used = 0
+
+    async def retrieve(self, queries: list[str]) -> list[list[RetrievedDoc]]:
+        start = time.perf_counter()
+        hits = await self.retriever.search(
+            self.collection, queries, top_k=self.recipe.top_k, mode=self.opts.search_mode
+        )
+        self.episode.timings["retrieval"] += time.perf_counter() - start
+        return [[RetrievedDoc(id=h.id, title=h.title, text=h.text, score=h.score) for h in hs] for hs in hits]
+
+    async def generate(self, max_tokens: int) -> Completion:
+        start = time.perf_counter()
+        (completion,) = await self.llm.chat(
+            self.messages, stop=list(self.recipe.stop), max_tokens=max_tokens,
+            temperature=self.opts.temperature, top_p=self.opts.top_p, seed=self.seed,
+            logprobs=self.opts.logprobs,
+        )
+        self.episode.timings["generation"] += time.perf_counter() - start
+        usage = completion.usage
+        if self.prompt_tokens is None:
+            self.prompt_tokens = usage.get("prompt_tokens", 0)
+        self.used = usage.get("prompt_tokens", 0) - self.prompt_tokens + usage.get("completion_tokens", 0)
+        return completion
+
+    async def start(self) -> None:
+        if getattr(self.recipe, "retrieve_first", False):
+            self.first_docs = await self.retrieve([self.question.question])
+            messages = self.recipe.messages(self.question, docs=self.first_docs)  # type: ignore[call-arg]
+        else:
+            messages = self.recipe.messages(self.question)
+        self.episode.prompt = [dict(m) for m in messages]
+        self.messages = [dict(m) for m in messages]
+
+    async def run(self) -> None:
+        await self.start()
+        for t in range(1, self.opts.max_steps + 1):
+            remaining = self.opts.token_budget - self.used
+            if remaining <= 0:
+                self.episode.outcome = "token_budget"
+                return
+            max_tokens = min(self.opts.max_new_tokens_per_step, remaining)
+            completion = await self.generate(max_tokens)
+            if self.opts.logprobs:
+                self.episode.meta.setdefault("logprobs", []).append(completion.logprobs)
+            self.episode.meta.setdefault("finish_reasons", []).append(completion.finish_reason)
+            if completion.finish_reason == "length":
+                action = Action("format_error", error=f"segment cut at max_tokens={max_tokens}")
+                if max_tokens < self.opts.max_new_tokens_per_step:
+                    self.record(t, completion.text, action)
+                    self.episode.outcome = "token_budget"
+                    return
+            else:
+                action = self.recipe.parse(completion.text)
+            if await self.act(t, completion.text, action):
+                return
+
+    async def act(self, t: int, text: str, action: Action) -> bool:
+        """Apply one parsed action; True when the episode is over."""
+        if action.kind == "search" and not action.queries:
+            action = Action("format_error", error="search action without queries")
+        step = self.record(t, text, action)
+        if action.kind == "search":
+            step.docs = await self.retrieve(action.queries)
+            step.information = self.recipe.information(step.docs)
+            self.search_starts.append(len(self.messages))
+            self.messages.append({"role": "assistant", "content": text})
+            self.messages.append({"role": "user", "content": step.information})
+            return False
+        if action.kind == "backtrack":
+            if self.search_starts:
+                del self.messages[self.search_starts.pop() :]
+            else:
+                step.error = "nothing to backtrack: no search step in the conversation"
+            return False
+        if action.kind == "format_error" and not getattr(self.recipe, "end_on_format_error", True):
+            self.messages.append({"role": "assistant", "content": text})
+            return False
+        self.episode.outcome = action.kind
+        self.episode.final_answer = action.answer
+        self.episode.refused = action.kind == "refuse"
+        return True
+
+    def record(self, t: int, text: str, action: Action) -> Step:
+        step = Step(
+            t=t, action=action.kind, text=text, queries=list(action.queries),
+            query_kinds=list(action.query_kinds) or ["search"] * len(action.queries),
+            answer=action.answer, error=action.error,
+        )
+        if t == 1 and self.first_docs is not None:
+            step.queries = [self.question.question, *step.queries]
+            step.query_kinds = ["search", *step.query_kinds]
+            step.docs = list(self.first_docs)
+        self.episode.steps.append(step)
+        return step
+
+
+async def run_episode(
+    recipe: AgentRecipe,
+    question: Question,
+    llm: LLMClient,
+    retriever: AsyncRetrieverClient,
+    collection: str,
+    *,
+    sample: int = 0,
+    **options: Any,
+) -> Episode:
+    """Run one episode of ``recipe`` on ``question``; never raises on model output.
+
+    Args:
+        collection: the retriever collection to search.
+        sample: index of this sample among a question's group; with ``seed`` set, each request
+            uses ``seed + sample`` so a group's samples differ reproducibly.
+        options: the fields of :class:`RunOptions` (``max_steps``, ``max_new_tokens_per_step``,
+            ``token_budget``, ``temperature``, ``top_p``, ``seed``, ``search_mode``, ``timeout_s``,
+            ``logprobs``).
+
+    Retriever and model transport errors propagate: a rollout without its evidence is not an
+    episode to train on.
+    """
+    opts = RunOptions(**options)
+    run = _Run(recipe, question, llm, retriever, collection, opts, sample)
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(opts.timeout_s):
+            await run.run()
+    except TimeoutError:
+        run.episode.outcome = "timeout"
+    run.episode.timings["total"] = time.perf_counter() - start
+    run.episode.meta["tokens"] = run.used
+    ep = run.episode
+    log.debug("episode %s/%d: %s after %d steps", question.id, sample, ep.outcome, len(ep.steps))
+    return run.episode
+
+
+async def run_episodes(
+    recipe: AgentRecipe,
+    questions: Sequence[Question],
+    llm: LLMClient,
+    retriever: AsyncRetrieverClient,
+    collection: str,
+    *,
+    n_samples: int = 1,
+    concurrency: int = 8,
+    **options: Any,
+) -> list[Episode]:
+    """``n_samples`` episodes per question, at most ``concurrency`` at a time.
+
+    Returned question-major: the samples of a question are contiguous (a GRPO group), in
+    ``sample`` order.
+    """
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(question: Question, sample: int) -> Episode:
+        async with semaphore:
+            return await run_episode(recipe, question, llm, retriever, collection, sample=sample, **options)
+
+    return list(await asyncio.gather(*(one(q, s) for q in questions for s in range(n_samples))))

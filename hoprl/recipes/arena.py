@@ -1,0 +1,194 @@
+"""ARENA: a single-turn generator that cites, explains and answers over given references.
+
+The prompt lists the question's own paragraphs as numbered references ``[1] title: text`` (in the
+order the question carries them). The policy writes, in one turn::
+
+    <relevance>[1,5]</relevance><analysis>...</analysis><answer>...</answer>
+
+Rewards (each its own function; the paper's total is their sum):
+
+- format: 1 if the three blocks are each present once, closed, in this order, with nothing but
+  whitespace around them and a bracketed list of integers in ``<relevance>``; else 0.
+- accuracy: normalised exact match of the answer (1 or 0).
+- relevance: 1 if the cited set equals the gold set, 0.5 if they overlap partially, 0 if they are
+  disjoint or nothing is cited. The gold set is the 1-based positions of the ``is_gold``
+  paragraphs, read from the ``paragraphs`` column passed to the reward.
+- bonus: 10 when format, accuracy and relevance are all exactly 1, else 0.
+
+No retrieval happens: the runner sees ``parse`` return an answer on the first step.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from hoprl.agent.parsing import outside_text, parse_tags
+from hoprl.agent.trajectory import Episode, RetrievedDoc
+from hoprl.data.synthetic import hops_for
+from hoprl.metrics.answer import exact_match
+from hoprl.recipes.base import Action, RewardFunc, versioned
+from hoprl.recipes.baselines import (
+    expert_answer,
+    final_answers,
+    format_docs,
+    generated_texts,
+    gold_answers,
+    hop_fact,
+)
+from hoprl.schemas import Paragraph, Question
+
+TAGS = ["relevance", "analysis", "answer"]
+_REF_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]")
+
+ARENA_PROMPT = (
+    "You answer a question from numbered references. First list the numbers of the references "
+    "needed to answer it inside <relevance> and </relevance>, as a bracketed list such as [1,5]. "
+    "Then explain how they lead to the answer inside <analysis> and </analysis>. Finally write only "
+    "the short answer inside <answer> and </answer>."
+)
+
+
+class ArenaConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    system_prompt: str = ARENA_PROMPT
+    top_k: int = 1  # unused: ARENA never retrieves; kept for the runner's interface
+    format_score: float = 1.0
+    accuracy_score: float = 1.0
+    relevance_full: float = 1.0
+    relevance_partial: float = 0.5
+    bonus: float = 10.0
+
+
+def cited(text: str) -> set[int]:
+    """Reference numbers in the first ``<relevance>`` block (empty set if there is none)."""
+    block = parse_tags(text, TAGS).first("relevance")
+    return {int(n) for n in re.findall(r"\d+", block.content)} if block else set()
+
+
+def gold_refs(paragraphs: Sequence[Paragraph | dict[str, Any]]) -> set[int]:
+    """1-based positions of the gold paragraphs, as numbered in the prompt."""
+    flags = [p.is_gold if isinstance(p, Paragraph) else bool(p.get("is_gold")) for p in paragraphs]
+    return {i for i, gold in enumerate(flags, 1) if gold}
+
+
+def well_formed(text: str) -> bool:
+    """The format rule of the module docstring."""
+    parsed = parse_tags(text, TAGS)
+    if not parsed.ok or parsed.tags != TAGS or outside_text(text, parsed.blocks):
+        return False
+    relevance, _, answer = parsed.blocks
+    return bool(_REF_LIST.fullmatch(relevance.content)) and bool(answer.content)
+
+
+def relevance_match(predicted: set[int], gold: set[int]) -> str:
+    """``"full"`` exact set match, ``"partial"`` some overlap, ``"none"`` disjoint or nothing cited."""
+    if predicted and predicted == gold:
+        return "full"
+    return "partial" if predicted & gold else "none"
+
+
+def make_arena_rewards(config: ArenaConfig | None = None) -> list[RewardFunc]:
+    """The four ARENA reward functions ``[format, accuracy, relevance, bonus]``; their sum is R."""
+    cfg = config or ArenaConfig()
+    rel_score = {"full": cfg.relevance_full, "partial": cfg.relevance_partial, "none": 0.0}
+
+    def _parts(completions: Sequence[Any], kw: dict[str, Any]) -> list[tuple[bool, bool, str]]:
+        """Per completion: (well formed, exact match, relevance match)."""
+        episodes: Sequence[Episode] | None = kw.get("episodes")
+        paragraphs = kw.get("paragraphs")
+        if paragraphs is None:
+            raise ValueError("ARENA rewards need the `paragraphs` column (the numbered references)")
+        texts = generated_texts(completions, episodes)
+        preds = final_answers(completions, episodes)
+        golds = gold_answers(len(texts), kw.get("answers"), episodes)
+        return [
+            (well_formed(t), exact_match(p, g) == 1.0, relevance_match(cited(t), gold_refs(ps)))
+            for t, p, g, ps in zip(texts, preds, golds, paragraphs, strict=True)
+        ]
+
+    @versioned("arena_format@1")
+    def format_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
+        return [cfg.format_score if f else 0.0 for f, _, _ in _parts(completions, kw)]
+
+    @versioned("arena_accuracy@1")
+    def accuracy_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
+        return [cfg.accuracy_score if a else 0.0 for _, a, _ in _parts(completions, kw)]
+
+    @versioned("arena_relevance@1")
+    def relevance_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
+        return [rel_score[r] for _, _, r in _parts(completions, kw)]
+
+    @versioned("arena_bonus@1")
+    def bonus_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
+        return [cfg.bonus if f and a and r == "full" else 0.0 for f, a, r in _parts(completions, kw)]
+
+    return [format_reward, accuracy_reward, relevance_reward, bonus_reward]
+
+
+def make_arena_reward(config: ArenaConfig | None = None) -> RewardFunc:
+    """The total R = format + accuracy + relevance + bonus, as one function."""
+    parts = make_arena_rewards(config)
+
+    @versioned("arena@1")
+    def arena_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
+        columns = [fn(prompts, completions, **kw) for fn in parts]
+        return [sum(v or 0.0 for v in row) for row in zip(*columns, strict=True)]
+
+    return arena_reward
+
+
+class Arena:
+    """ARENA's single-turn protocol over the question's own paragraphs."""
+
+    name: ClassVar[str] = "arena"
+    stop: ClassVar[list[str]] = ["</answer>"]
+
+    def __init__(self, **config: Any) -> None:
+        self.config = ArenaConfig(**config)
+        self.top_k = self.config.top_k
+
+    def messages(self, question: Question) -> list[dict[str, str]]:
+        refs = "\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(question.paragraphs, 1))
+        user = f"References:\n{refs}\n\nQuestion: {question.question}"
+        return [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": user}]
+
+    def parse(self, segment: str) -> Action:
+        """Any non-empty ``<answer>`` ends the episode; the format reward judges the rest."""
+        parsed = parse_tags(segment, TAGS)
+        block = parsed.last("answer")
+        if block is None or not block.content:
+            return Action("format_error", error="; ".join(parsed.errors) or "no <answer> block")
+        return Action("answer", answer=block.content)
+
+    def information(self, docs: list[list[RetrievedDoc]]) -> str:
+        return f"<information>\n{format_docs(docs)}\n</information>"
+
+    def reward_funcs(self) -> list[RewardFunc]:
+        """``[format, accuracy, relevance, bonus]``: TRL sums them into R and logs each."""
+        return make_arena_rewards(self.config)
+
+    def expert_segments(self, question: Question, noise: float = 0.0, seed: int = 0) -> list[str]:
+        """One segment: the gold references, the hop facts as analysis, the answer.
+
+        With probability ``noise`` one non-gold reference is cited as well (a partial match).
+        """
+        rng = random.Random(seed)
+        refs = gold_refs(question.paragraphs)
+        others = sorted(set(range(1, len(question.paragraphs) + 1)) - refs)
+        if others and rng.random() < noise:
+            refs = refs | {rng.choice(others)}
+        analysis = " ".join(hop_fact(h) for h in hops_for(question)) or "The references state the answer."
+        ref_list = "[" + ",".join(str(i) for i in sorted(refs)) + "]"
+        answer = expert_answer(question)
+        return [
+            f"<relevance>{ref_list}</relevance>\n<analysis>{analysis}</analysis>\n<answer>{answer}</answer>"
+        ]
+
+    def expert(self, question: Question, noise: float = 0.0, seed: int = 0) -> str:
+        return self.expert_segments(question, noise, seed)[0]

@@ -1,0 +1,112 @@
+"""Eval-RAR: Search-R1's protocol plus an ``<evaluate>`` block after every information turn.
+
+The policy writes ``<think>``, ``<search>q</search>``, reads the injected top-3 ``<information>``,
+then judges it inside ``<evaluate>...</evaluate>`` before thinking again, searching again or
+answering in ``<answer>``.
+
+Reward (outcome, per completion)::
+
+    R_ans  = EM(final answer, gold answers)                     in {0, 1}
+    R_eval = r_eval  if a gold answer (any alias) is contained, normalised and on word boundaries,
+                     in the concatenated <evaluate> blocks, else 0
+    R      = R_ans if R_ans > 0 else R_eval
+
+so a wrong final answer still earns a small reward (r_eval = 0.1) when the policy recognised the
+answer while evaluating evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from hoprl.agent.parsing import parse_tags
+from hoprl.agent.trajectory import Episode
+from hoprl.metrics.answer import containment, exact_match
+from hoprl.recipes.base import RewardFunc, versioned
+from hoprl.recipes.baselines import SearchR1, SearchR1Config, final_answers, generated_texts, gold_answers
+
+EVAL_RAR_PROMPT = (
+    "Answer the question by reasoning, searching and evaluating what you find. Reason inside <think> "
+    "and </think>. To look something up, write a query between <search> and </search>; the top "
+    "results come back between <information> and </information>. After every <information> block, "
+    "judge inside <evaluate> and </evaluate> whether the documents are relevant and what they "
+    "establish. When you know the answer, write it between <answer> and </answer> with no "
+    "explanation, e.g. <answer>Lisbon</answer>."
+)
+
+
+class EvalRARConfig(SearchR1Config):
+    top_k: int = 3
+    system_prompt: str = EVAL_RAR_PROMPT
+    #: reward for a gold answer inside the <evaluate> blocks when the final answer is wrong
+    r_eval: float = 0.1
+
+
+def evaluate_text(text: str) -> str:
+    """The ``<evaluate>`` blocks of a completion, concatenated with spaces."""
+    return " ".join(parse_tags(text, ["evaluate", "information"]).contents("evaluate"))
+
+
+@versioned("eval_rar_answer@1")
+def answer_reward(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    answers: Sequence[list[str]] | None = None,
+    episodes: Sequence[Episode] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """R_ans: exact match of the final answer (1 or 0)."""
+    preds = final_answers(completions, episodes)
+    golds = gold_answers(len(preds), answers, episodes)
+    return [exact_match(p, g) for p, g in zip(preds, golds, strict=True)]
+
+
+def make_evaluate_reward(r_eval: float = 0.1) -> RewardFunc:
+    """R_eval as a reward function: ``r_eval`` if a gold answer is in the evaluate blocks, else 0."""
+
+    @versioned("eval_rar_evaluate@1")
+    def evaluate_reward(
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        answers: Sequence[list[str]] | None = None,
+        episodes: Sequence[Episode] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        texts = generated_texts(completions, episodes)
+        golds = gold_answers(len(texts), answers, episodes)
+        return [r_eval * containment(evaluate_text(t), g) for t, g in zip(texts, golds, strict=True)]
+
+    return evaluate_reward
+
+
+def make_eval_rar_reward(r_eval: float = 0.1) -> RewardFunc:
+    """The total: R_ans if R_ans > 0 else R_eval."""
+    evaluate_reward = make_evaluate_reward(r_eval)
+
+    @versioned("eval_rar@1")
+    def eval_rar_reward(
+        prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
+    ) -> list[float | None]:
+        r_ans = answer_reward(prompts, completions, **kwargs)
+        r_ev = evaluate_reward(prompts, completions, **kwargs)
+        return [a if a is not None and a > 0 else e for a, e in zip(r_ans, r_ev, strict=True)]
+
+    return eval_rar_reward
+
+
+class EvalRAR(SearchR1):
+    """Search-R1 plus ``<evaluate>``; top-3 documents; reward R_ans else R_eval."""
+
+    name: ClassVar[str] = "eval-rar"
+    review_tag: ClassVar[str] = "evaluate"
+    tags: ClassVar[list[str]] = ["think", "search", "answer", "information", "evaluate"]
+    config: EvalRARConfig
+
+    def __init__(self, **config: Any) -> None:
+        self.config = EvalRARConfig(**config)
+        self.top_k = self.config.top_k
+
+    def reward_funcs(self) -> list[RewardFunc]:
+        """One function, the paper's total (its components are module functions, for logging)."""
+        return [make_eval_rar_reward(self.config.r_eval)]

@@ -1,0 +1,205 @@
+"""When-to-search: learn to search only when needed, with concise, diverse queries.
+
+Protocol: ``<think>`` ... ``<search>keywords</search>``, the injected ``<information>``, then
+``<reflect>`` on it, ... and finally ``<answer>``. The reward is ``r = r_a + r_s + r_f``:
+
+- r_f (format): +1 if the generated text is well formed, else -1. Well formed: every block closed,
+  none nested, nothing but whitespace outside the blocks, and the tag sequence (injected
+  information left out) is ``think (search reflect think?)* answer``: every search is reflected on
+  before the next search or the answer.
+- r_s (search), with RC the number of searches: 0 if RC = 0; for RC = 1, 0 if the query is
+  concise and -1 if not; for RC > 1, minus the average pairwise cosine similarity of the queries
+  (all pairs i < j, embedded with :func:`hoprl.embedding.get_embedder`), so repeated searches
+  are penalised by how much they repeat each other.
+- r_a (answer), b = 0.3: stage 1: 1 if correct else -1 + b*RC (searching is encouraged when
+  wrong); stage 2: 1 - b*RC if correct else -1 (searching costs once the policy is right).
+  Correct = normalised exact match by default (``correct_metric``).
+
+"Concise" is not defined by the method; here a query is concise when it has at most
+``concise_max_words`` words (6) and is not phrased as a question: it does not end with ``?`` and
+does not start with a question word (``question_words``).
+
+The stage comes from :class:`Curriculum`, which the trainer updates between segments; the r_a
+reward reads the recipe's curriculum at call time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from hoprl.agent.parsing import outside_text, parse_tags
+from hoprl.agent.trajectory import Episode
+from hoprl.metrics.answer import containment, exact_match
+from hoprl.recipes.base import RewardFunc, versioned
+from hoprl.recipes.baselines import SearchR1, SearchR1Config, final_answers, generated_texts, gold_answers
+
+TAGS = ["think", "search", "reflect", "answer", "information"]
+_SEQUENCE = re.compile(r"think( search reflect( think)?)* answer")
+
+QUESTION_WORDS = (
+    "what", "who", "whom", "whose", "which", "when", "where", "why", "how",
+    "is", "are", "was", "were", "do", "does", "did", "can", "could", "should", "would", "will",
+)
+
+WHEN_TO_SEARCH_PROMPT = (
+    "Answer the question. Think inside <think> and </think>. Search only when you lack knowledge: "
+    "write a few keywords (not a question) between <search> and </search>; results come back "
+    "between <information> and </information>. After each result, reflect inside <reflect> and "
+    "</reflect> on what it tells you. When you know the answer, write it between <answer> and "
+    "</answer> with no explanation."
+)
+
+
+class Curriculum(BaseModel):
+    """The two-stage schedule: stage 1 then, once, stage 2.
+
+    ``mode="steps"`` switches at ``switch_step``; ``mode="plateau"`` switches when the EMA of the
+    mean reward improves by less than ``eps`` for ``patience`` consecutive checks. The whole state
+    round-trips through :meth:`to_dict` / :meth:`from_dict`, so training resumes where it stopped.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: Literal[1, 2] = 1
+    mode: Literal["steps", "plateau"] = "steps"
+    switch_step: int = 100
+    ema_decay: float = 0.9
+    eps: float = 0.01
+    patience: int = 3
+    ema: float | None = None
+    flat_checks: int = 0
+    switched_at: int | None = None
+
+    def update(self, step: int, mean_reward: float | None = None) -> bool:
+        """Record one check at training ``step``; returns True when this call switched stage."""
+        if self.stage == 2:
+            return False
+        if self.mode == "steps":
+            switch = step >= self.switch_step
+        else:
+            if mean_reward is None:
+                raise ValueError("plateau mode needs the mean reward of each check")
+            if self.ema is None:
+                self.ema = mean_reward
+                return False
+            new = self.ema_decay * self.ema + (1 - self.ema_decay) * mean_reward
+            self.flat_checks = self.flat_checks + 1 if new - self.ema < self.eps else 0
+            self.ema = new
+            switch = self.flat_checks >= self.patience
+        if switch:
+            self.stage, self.switched_at = 2, step
+        return switch
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Curriculum:
+        return cls.model_validate(state)
+
+
+class WhenToSearchConfig(SearchR1Config):
+    top_k: int = 3
+    system_prompt: str = WHEN_TO_SEARCH_PROMPT
+    b: float = 0.3
+    concise_max_words: int = 6
+    question_words: tuple[str, ...] = QUESTION_WORDS
+    correct_metric: Literal["em", "containment"] = "em"
+    curriculum: Literal["steps", "plateau"] = "steps"
+    switch_step: int = 100
+    ema_decay: float = 0.9
+    plateau_eps: float = 0.01
+    plateau_patience: int = 3
+
+
+def is_concise(query: str, max_words: int = 6, question_words: Sequence[str] = QUESTION_WORDS) -> bool:
+    """At most ``max_words`` words and not phrased as a question."""
+    words = query.split()
+    if not words or len(words) > max_words or query.rstrip().endswith("?"):
+        return False
+    return words[0].lower().strip("\"'(") not in question_words
+
+
+def well_formed(text: str) -> bool:
+    """The r_f rule of the module docstring."""
+    parsed = parse_tags(text, TAGS)
+    if not parsed.ok or outside_text(text, parsed.blocks):
+        return False
+    return bool(_SEQUENCE.fullmatch(" ".join(t for t in parsed.tags if t != "information")))
+
+
+def search_queries(completions: Sequence[Any], episodes: Sequence[Episode] | None) -> list[list[str]]:
+    """The queries of each completion: the episode's, else the ``<search>`` blocks."""
+    if episodes is not None:
+        return [e.queries for e in episodes]
+    return [parse_tags(t, TAGS).contents("search") for t in generated_texts(completions)]
+
+
+def search_score(queries: list[str], cfg: WhenToSearchConfig) -> float:
+    """r_s for one completion."""
+    if not queries:
+        return 0.0
+    if len(queries) == 1:
+        return 0.0 if is_concise(queries[0], cfg.concise_max_words, cfg.question_words) else -1.0
+    # Imported here: torch + transformers take seconds to import, and only RC > 1 needs them.
+    from hoprl.embedding import get_embedder
+
+    sim = get_embedder().similarity(queries, queries)
+    pairs = list(itertools.combinations(range(len(queries)), 2))
+    return -float(sum(sim[i, j] for i, j in pairs) / len(pairs))
+
+
+def answer_score(correct: bool, rc: int, stage: int, b: float) -> float:
+    """r_a for one completion."""
+    if stage == 1:
+        return 1.0 if correct else -1.0 + b * rc
+    return 1.0 - b * rc if correct else -1.0
+
+
+class WhenToSearch(SearchR1):
+    """Search-R1 plus ``<reflect>``; reward r_a + r_s + r_f with a two-stage curriculum."""
+
+    name: ClassVar[str] = "when-to-search"
+    review_tag: ClassVar[str] = "reflect"
+    tags: ClassVar[list[str]] = TAGS
+    config: WhenToSearchConfig
+
+    def __init__(self, **config: Any) -> None:
+        self.config = WhenToSearchConfig(**config)
+        self.top_k = self.config.top_k
+        c = self.config
+        self.curriculum = Curriculum(
+            mode=c.curriculum, switch_step=c.switch_step, ema_decay=c.ema_decay,
+            eps=c.plateau_eps, patience=c.plateau_patience,
+        )
+
+    def reward_funcs(self) -> list[RewardFunc]:
+        """``[r_f, r_s, r_a]``: TRL sums them into r and logs each; r_a reads the current stage."""
+        cfg = self.config
+        metric = exact_match if cfg.correct_metric == "em" else containment
+
+        @versioned("wts_format@1")
+        def format_reward(prompts: Any, completions: Sequence[Any], **kw: Any) -> list[float | None]:
+            texts = generated_texts(completions, kw.get("episodes"))
+            return [1.0 if well_formed(t) else -1.0 for t in texts]
+
+        @versioned("wts_search@1")
+        def search_reward(prompts: Any, completions: Sequence[Any], **kw: Any) -> list[float | None]:
+            return [search_score(q, cfg) for q in search_queries(completions, kw.get("episodes"))]
+
+        @versioned("wts_answer@1")
+        def answer_reward(prompts: Any, completions: Sequence[Any], **kw: Any) -> list[float | None]:
+            episodes = kw.get("episodes")
+            preds = final_answers(completions, episodes)
+            golds = gold_answers(len(preds), kw.get("answers"), episodes)
+            rcs = [len(q) for q in search_queries(completions, episodes)]
+            stage = self.curriculum.stage
+            return [answer_score(metric(p, g) == 1.0, rc, stage, cfg.b)
+                    for p, g, rc in zip(preds, golds, rcs, strict=True)]
+
+        return [format_reward, search_reward, answer_reward]

@@ -1,0 +1,72 @@
+"""Eval-RAR reward: R = R_ans if R_ans > 0 else R_eval, recomputed by hand per row."""
+
+from __future__ import annotations
+
+import pytest
+
+from hoprl.agent.trajectory import Episode, Step
+from hoprl.recipes import get_recipe
+from hoprl.recipes.eval_rar import EvalRAR, answer_reward, evaluate_text, make_evaluate_reward
+
+GOLD = ["Jane Roe", "J. Roe"]
+INFO = "<information>\n[1] Acme: founded by Jane Roe in 1990.\n</information>"
+
+
+def episode(evaluations: list[str], answer: str | None) -> Episode:
+    """A search episode: one search step per evaluation, then the answer (if any)."""
+    steps, review = [], ""
+    for t, ev in enumerate(evaluations, 1):
+        steps.append(Step(t=t, action="search", text=f"{review}<think>t</think><search>q{t}</search>",
+                          queries=[f"q{t}"], information=INFO))
+        review = f"<evaluate>{ev}</evaluate>\n"
+    if answer is not None:
+        steps.append(Step(t=len(steps) + 1, action="answer", text=f"{review}<answer>{answer}</answer>"))
+    return Episode(recipe="eval-rar", question_id="q", question="Who founded Acme?", answers=GOLD,
+                   steps=steps, final_answer=answer, outcome="answer" if answer else "step_cap")
+
+
+# (evaluate blocks, final answer, R_ans by hand, gold in evaluate by hand)
+ROWS = [
+    (["Acme was founded by Jane Roe."], "Jane Roe", 1.0, True),  # EM 1 wins: 1, not 1.1
+    (["Nothing useful here."], "Jane Roe", 1.0, False),
+    (["Acme was founded by Jane Roe."], "John Doe", 0.0, True),  # fallback 0.1
+    (["The founder is j. roe!"], "John Doe", 0.0, True),  # alias, normalised
+    (["Irrelevant.", "Second doc names JANE ROE"], "John", 0.0, True),  # concatenated blocks
+    (["Irrelevant documents."], "John Doe", 0.0, False),  # gold only in <information>: 0
+    (["Founded by Jane Roesch."], "John Doe", 0.0, False),  # word boundary: not contained
+    # no answer (step cap: the last search's evaluation is never written), evaluate still pays
+    (["Acme was founded by Jane Roe.", "never written"], None, 0.0, True),
+    ([], "the jane roe", 1.0, False),  # no search, normalised EM
+]
+
+
+@pytest.mark.parametrize(("evals", "answer", "r_ans", "in_eval"), ROWS)
+@pytest.mark.parametrize("r_eval", [0.1, 0.25])
+def test_eval_rar_reward(
+    evals: list[str], answer: str | None, r_ans: float, in_eval: bool, r_eval: float
+) -> None:
+    ep = episode(evals, answer)
+    expected = r_ans if r_ans > 0 else (r_eval if in_eval else 0.0)
+    (total,) = EvalRAR(r_eval=r_eval).reward_funcs()
+    assert total([""], [""], episodes=[ep]) == pytest.approx([expected])
+    assert answer_reward([""], [""], episodes=[ep]) == [r_ans]
+    assert make_evaluate_reward(r_eval)([""], [""], episodes=[ep]) == pytest.approx([r_eval * in_eval])
+    # the same from the completion text (injected information included) and the answers column
+    assert total([""], [ep.completion_text()], answers=[GOLD]) == pytest.approx([expected])
+
+
+def test_paper_default_r_eval_and_top_k() -> None:
+    recipe = get_recipe("eval-rar")
+    assert recipe.config.r_eval == 0.1 and recipe.top_k == 3
+    (total,) = recipe.reward_funcs()
+    assert total([""], [""], episodes=[episode(["Jane Roe did it"], "nobody")]) == [0.1]
+
+
+def test_evaluate_text_ignores_information_and_concatenates() -> None:
+    text = "<evaluate>a</evaluate><information><evaluate>x</evaluate></information><evaluate>b</evaluate>"
+    assert evaluate_text(text) == "a b"
+
+
+def test_parse_after_information_turn() -> None:
+    action = EvalRAR().parse("<evaluate>doc 1 names Jane Roe</evaluate>\n<answer>Jane Roe</answer>")
+    assert (action.kind, action.answer) == ("answer", "Jane Roe")

@@ -1,0 +1,162 @@
+"""When-to-search: r = r_a + r_s + r_f, both curriculum stages, b = 0.3, recomputed by hand."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hoprl.agent.trajectory import Episode, Step
+from hoprl.embedding import get_embedder
+from hoprl.recipes import get_recipe
+from hoprl.recipes.when_to_search import Curriculum, WhenToSearch, is_concise, well_formed
+
+GOLD = ["Jane Roe"]
+INFO = "<information>\n[1] Acme: founded by Jane Roe.\n</information>"
+CONCISE = ["Acme founder", "Jane Roe birthplace", "Acme Records history"]
+
+
+def episode(queries: list[str], answer: str | None) -> Episode:
+    """A well-formed episode: think + search per query, reflect after each information, answer."""
+    steps, review = [], ""
+    for t, q in enumerate(queries, 1):
+        steps.append(Step(t=t, action="search", text=f"{review}<think>t</think>\n<search>{q}</search>",
+                          queries=[q], information=INFO))
+        review = "<reflect>The document names the founder.</reflect>\n"
+    if answer is not None:
+        steps.append(Step(t=len(queries) + 1, action="answer",
+                          text=f"{review}<think>done</think>\n<answer>{answer}</answer>"))
+    return Episode(recipe="when-to-search", question_id="q", question="Who founded Acme?", answers=GOLD,
+                   steps=steps, final_answer=answer)
+
+
+def rewards(recipe: WhenToSearch, ep: Episode) -> list[float | None]:
+    return [fn([""], [""], episodes=[ep])[0] for fn in recipe.reward_funcs()]
+
+
+def cosine_penalty(queries: list[str]) -> float:
+    """-(average pairwise cosine), from the embedder's vectors, pair by pair."""
+    vectors = get_embedder().encode(queries)
+    sims = [float(np.dot(vectors[i], vectors[j])) for i, j in itertools.combinations(range(len(queries)), 2)]
+    return -sum(sims) / len(sims)
+
+
+# (stage, RC, correct, r_a by hand with b = 0.3)
+ANSWER_ROWS = [
+    (1, 0, True, 1.0), (1, 1, True, 1.0), (1, 2, True, 1.0), (1, 3, True, 1.0),
+    (1, 0, False, -1.0), (1, 1, False, -0.7), (1, 2, False, -0.4), (1, 3, False, -0.1),
+    (2, 0, True, 1.0), (2, 1, True, 0.7), (2, 2, True, 0.4), (2, 3, True, 0.1),
+    (2, 0, False, -1.0), (2, 1, False, -1.0), (2, 2, False, -1.0), (2, 3, False, -1.0),
+]
+
+
+@pytest.mark.parametrize(("stage", "rc", "correct", "r_a"), ANSWER_ROWS)
+def test_total_reward_both_stages(stage: int, rc: int, correct: bool, r_a: float) -> None:
+    recipe = WhenToSearch()
+    recipe.curriculum.stage = stage  # type: ignore[assignment]
+    queries = CONCISE[:rc]
+    ep = episode(queries, "Jane Roe" if correct else "John Doe")
+    r_s = 0.0 if rc <= 1 else cosine_penalty(queries)  # concise single query: 0
+    r_f = 1.0
+    got = rewards(recipe, ep)
+    assert got == pytest.approx([r_f, r_s, r_a], abs=1e-5)
+    assert sum(got) == pytest.approx(r_a + r_s + r_f, abs=1e-5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("query", "concise"),
+    [
+        ("Acme founder", True),
+        ("Acme Records founder birth city name", True),  # 6 words
+        ("Acme Records founder birth city name country", False),  # 7 words
+        ("Who founded Acme?", False),
+        ("who founded Acme", False),  # question word first
+        ("Acme founder?", False),
+        ("", False),
+    ],
+)
+def test_single_query_search_reward(query: str, concise: bool) -> None:
+    assert is_concise(query) is concise
+    if query:
+        assert rewards(WhenToSearch(), episode([query], "Jane Roe"))[1] == (0.0 if concise else -1.0)
+
+
+def test_repeated_identical_queries_cost_almost_one() -> None:
+    ep = episode(["Acme founder", "Acme founder"], "Jane Roe")
+    assert rewards(WhenToSearch(), ep)[1] == pytest.approx(-1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("<think>t</think><answer>a</answer>", True),
+        ("<think>t</think><search>q</search>" + INFO + "<reflect>r</reflect><think>t</think>"
+         "<answer>a</answer>", True),
+        ("<think>t</think><search>q</search><reflect>r</reflect><search>q2</search><reflect>r</reflect>"
+         "<answer>a</answer>", True),
+        ("<search>q</search><reflect>r</reflect><answer>a</answer>", False),  # no think first
+        ("<think>t</think><search>q</search><answer>a</answer>", False),  # search never reflected on
+        ("<think>t</think><search>q</search><reflect>r</reflect>", False),  # no answer
+        ("<think>t</think><answer>a</answer><think>more</think>", False),  # answer not last
+        ("<think>t</think><answer>a", False),  # unclosed
+        ("Well, <think>t</think><answer>a</answer>", False),  # text outside the blocks
+        ("<think>t <think>u</think></think><answer>a</answer>", False),  # nested
+    ],
+)
+def test_format_reward(text: str, ok: bool) -> None:
+    assert well_formed(text) is ok
+    (format_reward, _, _) = WhenToSearch().reward_funcs()
+    assert format_reward([""], [text]) == [1.0 if ok else -1.0]
+
+
+def test_from_completion_text_and_answers_column() -> None:
+    ep = episode(["Acme founder"], "John Doe")
+    got = [fn([""], [ep.completion_text()], answers=[GOLD])[0] for fn in WhenToSearch().reward_funcs()]
+    assert got == pytest.approx([1.0, 0.0, -0.7])
+
+
+def test_config_constants_and_correct_metric() -> None:
+    recipe = get_recipe("when-to-search", b=0.5, correct_metric="containment")
+    recipe.curriculum.stage = 2
+    ep = episode(["Acme founder"], "It was Jane Roe")  # contained, not an exact match
+    assert rewards(recipe, ep)[2] == pytest.approx(0.5)
+    assert get_recipe("when-to-search").config.b == 0.3
+
+
+def test_expert_is_well_formed() -> None:
+    from hoprl.data.synthetic import generate
+
+    q = next(q for q in generate(seed=3, n_entities=80, n_train=12, n_dev=0, n_test=0)["train"] if q.answers)
+    assert well_formed(WhenToSearch().expert(q))
+
+
+def test_curriculum_by_step_count() -> None:
+    c = Curriculum(mode="steps", switch_step=10)
+    assert not c.update(9) and c.stage == 1
+    assert c.update(10) and c.stage == 2 and c.switched_at == 10
+    assert not c.update(11) and c.stage == 2
+
+
+def test_curriculum_by_plateau_and_resume() -> None:
+    c = Curriculum(mode="plateau", ema_decay=0.5, eps=0.05, patience=2)
+    assert not c.update(1, 0.0)  # first check seeds the EMA
+    assert not c.update(2, 1.0)  # EMA 0 -> 0.5: improving
+    assert c.flat_checks == 0
+    assert not c.update(3, 0.5)  # EMA 0.5 -> 0.5: flat (1)
+    resumed = Curriculum.from_dict(c.to_dict())  # training stops and resumes here
+    assert resumed == c
+    assert not resumed.update(4, 0.9)  # EMA 0.5 -> 0.7: improving, flat count resets
+    assert resumed.flat_checks == 0
+    assert not resumed.update(5, 0.7)  # flat (1)
+    assert resumed.update(6, 0.7) and resumed.stage == 2 and resumed.switched_at == 6  # flat (2)
+    with pytest.raises(ValueError, match="mean reward"):
+        Curriculum(mode="plateau").update(1)
+
+
+def test_recipe_curriculum_from_config_drives_r_a() -> None:
+    recipe = get_recipe("when-to-search", switch_step=2)
+    ep = episode(["Acme founder", "Jane Roe birthplace"], "Jane Roe")
+    assert rewards(recipe, ep)[2] == 1.0
+    recipe.curriculum.update(2)
+    assert rewards(recipe, ep)[2] == pytest.approx(0.4)
