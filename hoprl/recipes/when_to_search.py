@@ -42,8 +42,27 @@ TAGS = ["think", "search", "reflect", "answer", "information"]
 _SEQUENCE = re.compile(r"think( search reflect( think)?)* answer")
 
 QUESTION_WORDS = (
-    "what", "who", "whom", "whose", "which", "when", "where", "why", "how",
-    "is", "are", "was", "were", "do", "does", "did", "can", "could", "should", "would", "will",
+    "what",
+    "who",
+    "whom",
+    "whose",
+    "which",
+    "when",
+    "where",
+    "why",
+    "how",
+    "is",
+    "are",
+    "was",
+    "were",
+    "do",
+    "does",
+    "did",
+    "can",
+    "could",
+    "should",
+    "would",
+    "will",
 )
 
 WHEN_TO_SEARCH_PROMPT = (
@@ -174,8 +193,11 @@ class WhenToSearch(SearchR1):
         self.top_k = self.config.top_k
         c = self.config
         self.curriculum = Curriculum(
-            mode=c.curriculum, switch_step=c.switch_step, ema_decay=c.ema_decay,
-            eps=c.plateau_eps, patience=c.plateau_patience,
+            mode=c.curriculum,
+            switch_step=c.switch_step,
+            ema_decay=c.ema_decay,
+            eps=c.plateau_eps,
+            patience=c.plateau_patience,
         )
 
     def reward_funcs(self) -> list[RewardFunc]:
@@ -199,7 +221,9 @@ class WhenToSearch(SearchR1):
             golds = gold_answers(len(preds), kw.get("answers"), episodes)
             rcs = [len(q) for q in search_queries(completions, episodes)]
             stage = self.curriculum.stage
-            return [answer_score(metric(p, g) == 1.0, rc, stage, cfg.b)
-                    for p, g, rc in zip(preds, golds, rcs, strict=True)]
+            return [
+                answer_score(metric(p, g) == 1.0, rc, stage, cfg.b)
+                for p, g, rc in zip(preds, golds, rcs, strict=True)
+            ]
 
         return [format_reward, search_reward, answer_reward]
