@@ -98,6 +98,9 @@ class _Run:
             recipe=recipe.name, question_id=question.id, question=question.question,
             answers=list(question.answers), gold_titles=list(question.gold_titles),
             sample=sample, outcome="step_cap",
+            # What the knowledge base holds for this question: answerability judgements (EVO-RAG's
+            # r_ref) look at it, so refusing before searching cannot pass for a valid refusal.
+            meta={"gold_evidence": [p.text for p in question.paragraphs if p.is_gold]},
         )
         self.episode.timings = {"retrieval": 0.0, "generation": 0.0}
         self.seed = None if opts.seed is None else opts.seed + sample

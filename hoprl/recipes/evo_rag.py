@@ -14,8 +14,10 @@ Each step t in 1..T_max gets seven signals (``Step.signals``), written by :func:
 r_ret  +1 if a SEARCH retrieves a gold document (title match), -1 if not; 0 on other steps
 r_dup  -(max cosine of this query to every earlier query of the episode); 0 for the first
 r_bt   -1 on a BACKTRACK
-r_ref  on REFUSE: +1 if the judge finds the question unanswerable from the evidence retrieved
-       so far (with the gold answers as references), -1 if answerable
+r_ref  on REFUSE: +1 if the judge finds the question unanswerable, -1 if answerable; the judge
+       sees the question's gold evidence (``meta["gold_evidence"]``, recorded by the runner)
+       plus everything retrieved so far, with the gold answers as references. Judging only the
+       retrieved evidence would pay +1 for refusing before any search.
 r_step -1 on every step
 r_ans  (EM + F1) / 2 of the answer, on the ANSWER step
 r_act  -1 on a SEARCH when r_dup < 0 and p(t) >= 0.3 (a late, overlapping search)
@@ -138,7 +140,7 @@ def score_episode(
     cfg = config or EvoRagConfig()
     scored = episode.model_copy(deep=True)
     overlaps = _overlaps(scored.steps)
-    evidence: list[str] = []
+    evidence: list[str] = list(scored.meta.get("gold_evidence", []))
     meta: dict[str, Any] = {"stage": stage, "version": SCORE_VERSION}
     for i, step in enumerate(scored.steps):
         p = progress(step.t, cfg.t_max)

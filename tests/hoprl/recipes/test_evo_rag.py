@@ -162,6 +162,14 @@ def test_r_ref_uses_the_judge_on_evidence_so_far(answers, evidence, expected):
     assert scored.meta["evo_rag"]["refusal"]["backend"] == "rules"
 
 
+@pytest.mark.parametrize(("answers", "expected"), [(["Paris"], -1.0), ([], 1.0)])
+def test_refusing_before_any_search_is_judged_on_the_gold_evidence(answers, expected):
+    """Answerability is a property of the question, not of how far the agent searched."""
+    episode = ep(Step(t=1, action="refuse", text=""), answers=answers)
+    episode.meta["gold_evidence"] = ["Jane Roe was born in Paris."]
+    assert score_episode(episode, JUDGE, "discovery").steps[0].signals["r_ref"] == expected
+
+
 def test_score_episode_is_pure():
     episode = ep(search(1, "Acme", "Acme Records"))
     score_episode(episode, JUDGE, "discovery")
