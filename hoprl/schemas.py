@@ -95,6 +95,11 @@ class SearchRequest(BaseModel):
         default=None,
         description="payload filter: {field: value} or {field: [values]} on document metadata",
     )
+    feedback: bool | None = Field(
+        default=None,
+        description="hybrid only: add the second (pseudo-relevance feedback) round; "
+        "default: the service's RETRIEVER_FEEDBACK",
+    )
 
     @field_validator("queries")
     @classmethod

@@ -30,11 +30,59 @@ def test_search_finds_the_matching_document(service: str, mode: str) -> None:
 
 
 def test_hybrid_fuses_dense_and_sparse(service: str) -> None:
-    """Qdrant's RRF is sum_i w_i / (k + rank_i) with 0-based ranks: first in both lists = 2/60."""
+    """Qdrant's RRF adds 1 / ((rank0 + 1) / w + k - 1) per list; k = 2, w = 1: first in both = 1/1 + 1/1...
+
+    ...halved by k - 1 = 1: each list gives 1 / (1 + 1) = 0.5, so a document first in both scores 1.0.
+    """
     with RetrieverClient(service) as client:
-        hits = client.search("tiny", ["Acme Records founded 1961 Jane Roe"], top_k=1, mode="hybrid")[0]
-    assert hits[0].id == "acme"
-    assert hits[0].score == pytest.approx(2 / 60, rel=1e-4)
+        body = {
+            "collection": "tiny",
+            "queries": ["Acme Records founded 1961 Jane Roe"],
+            "top_k": 1,
+            "mode": "hybrid",
+            "feedback": False,
+        }
+        hits = httpx.post(f"{service}/v1/search", json=body).json()["results"][0]
+    assert hits[0]["id"] == "acme"
+    assert hits[0]["score"] == pytest.approx(1.0, rel=1e-4)
+
+
+BRIDGE = [
+    Document(id="velvet", title="Velvet (album)", text="Velvet is a 1999 album released by Korvan Sound."),
+    Document(
+        id="korvan", title="Korvan Sound", text="Korvan Sound is an independent company run by Mira Osk."
+    ),
+    Document(
+        id="lumo",
+        title="Lumo Records",
+        text="Lumo Records is a label that released many albums; "
+        "it was founded in 1970 and the label released albums every year.",
+    ),
+    Document(
+        id="brisk",
+        title="Brisk Label",
+        text="Brisk Label, a record label, was founded by two brothers and released its first album in 1980.",
+    ),
+    Document(
+        id="oak", title="Oak Tunes", text="Oak Tunes is a label founded in 1975 that released folk albums."
+    ),
+]
+
+
+def test_feedback_round_finds_the_bridge_entity(service: str) -> None:
+    """The second round queries with the first round's top paragraph, which names the bridge entity."""
+    question = "Who founded the label that released the album Velvet?"
+    with RetrieverClient(service) as client:
+        client.ingest("bridge", BRIDGE)
+        rank = {}
+        for feedback in (False, True):
+            body = {"collection": "bridge", "queries": [question], "top_k": 5, "feedback": feedback}
+            hits = httpx.post(f"{service}/v1/search", json=body).json()["results"][0]
+            rank[feedback] = [h["id"] for h in hits]
+        client.delete("bridge")
+    assert rank[True][0] == "velvet"
+    assert "korvan" in rank[True][:3]
+    assert rank[True].index("korvan") < rank[False].index("korvan")
 
 
 def test_filter_restricts_to_payload(service: str) -> None:
