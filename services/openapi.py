@@ -6,9 +6,10 @@ import json
 import sys
 from pathlib import Path
 
+from services.judge.app import create_app as judge_app
 from services.retriever.app import create_app as retriever_app
 
-APPS = {"retriever": retriever_app}
+APPS = {"retriever": retriever_app, "judge": judge_app}
 
 
 def main(out: str = "openapi") -> None:

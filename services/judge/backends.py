@@ -23,7 +23,12 @@ from services.judge.settings import JudgeSettings
 log = logging.getLogger("hoprl.services.judge")
 
 # Transient failures worth another attempt; others (bad key, unknown model) fail at once.
-RETRYABLE = (openai.APITimeoutError, openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
+RETRYABLE = (
+    openai.APITimeoutError,
+    openai.APIConnectionError,
+    openai.InternalServerError,
+    openai.RateLimitError,
+)
 THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 WORD = re.compile(r"[a-z]+")
 
@@ -66,14 +71,10 @@ class RulesBackend:
         self.answer_version = self.answerable_version = self.rules.version
 
     async def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
-        return [
-            _service_verdict(self.rules.answer(i.prediction, i.references, i.question)) for i in items
-        ]
+        return [_service_verdict(self.rules.answer(i.prediction, i.references, i.question)) for i in items]
 
     async def answerable(self, items: list[AnswerableItem]) -> list[JudgeVerdict]:
-        return [
-            _service_verdict(self.rules.answerable(i.question, i.evidence, i.references)) for i in items
-        ]
+        return [_service_verdict(self.rules.answerable(i.question, i.evidence, i.references)) for i in items]
 
     async def ready(self) -> str | None:
         """``None`` when ready, else what is missing (the rules need nothing)."""
@@ -148,7 +149,11 @@ class OpenAIBackend:
             return f"LLM reply states no verdict: {reply[:200]!r}"
         rationale = f"{self.model} replied {reply.strip()[:300]!r}"
         return JudgeVerdict(
-            verdict=decided, score=float(decided), rationale=rationale, backend=self.name, version=prompt.version
+            verdict=decided,
+            score=float(decided),
+            rationale=rationale,
+            backend=self.name,
+            version=prompt.version,
         )
 
     async def _complete(self, text: str) -> str:
@@ -163,10 +168,13 @@ class OpenAIBackend:
                     seed=s.seed,
                     max_tokens=s.max_tokens,
                 )
-                return response.choices[0].message.content or ""
+                # No choice at all reads as an empty reply: unparseable, so the rules decide.
+                return (response.choices[0].message.content or "") if response.choices else ""
             except RETRYABLE as exc:
                 if attempt == s.retries:
-                    raise LLMUnavailable(f"{attempt + 1} attempt(s) failed, last {type(exc).__name__}: {exc}") from exc
+                    raise LLMUnavailable(
+                        f"{attempt + 1} attempt(s) failed, last {type(exc).__name__}: {exc}"
+                    ) from exc
                 delay = s.backoff_s * 2**attempt
                 log.info("judge LLM attempt %d failed (%s); retrying in %.2fs", attempt + 1, exc, delay)
                 await asyncio.sleep(delay)

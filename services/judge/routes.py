@@ -29,7 +29,9 @@ def _check_batch(items: Sequence[BaseModel], request: Request) -> None:
     limit: int = request.app.state.settings.max_batch
     if len(items) > limit:
         raise ApiError(
-            413, "batch_too_large", f"{len(items)} items in one request; the limit is {limit} (JUDGE_MAX_BATCH)"
+            413,
+            "batch_too_large",
+            f"{len(items)} items in one request; the limit is {limit} (JUDGE_MAX_BATCH)",
         )
 
 

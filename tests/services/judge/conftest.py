@@ -46,7 +46,10 @@ class ScriptedLLM:
         self.app.post("/v1/chat/completions", response_model=None)(self.chat)
 
     async def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": LLM_MODEL, "object": "model", "created": 0, "owned_by": "t"}]}
+        return {
+            "object": "list",
+            "data": [{"id": LLM_MODEL, "object": "model", "created": 0, "owned_by": "t"}],
+        }
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
         self.requests.append(body)
@@ -79,9 +82,8 @@ def judge_service(**settings: Any) -> Iterator[str]:
 def llm_judge(llm: ScriptedLLM, **settings: Any) -> Iterator[str]:
     """A judge with the openai backend in front of ``llm``, both served over HTTP."""
     with LocalServer(llm.app) as endpoint:
-        with judge_service(
-            backend="openai", openai_base_url=f"{endpoint.url}/v1", model=LLM_MODEL, **settings
-        ) as url:
+        base = {"backend": "openai", "openai_base_url": f"{endpoint.url}/v1", "model": LLM_MODEL}
+        with judge_service(**(base | settings)) as url:
             yield url
 
 

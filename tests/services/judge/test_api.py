@@ -44,7 +44,12 @@ def test_answer_verdicts_follow_the_rules_table(rules_url: str) -> None:
     for (prediction, _, verdict, score, why), got in zip(ANSWER_TABLE, verdicts, strict=True):
         assert (got.verdict, got.rationale[: len(why)]) == (verdict, why), prediction
         assert got.score == pytest.approx(score)
-        assert (got.backend, got.version, got.fallback, got.fallback_reason) == ("rules", "rules@1", False, None)
+        assert (got.backend, got.version, got.fallback, got.fallback_reason) == (
+            "rules",
+            "rules@1",
+            False,
+            None,
+        )
 
 
 def test_answerable_verdicts_follow_the_rules_table(rules_url: str) -> None:
@@ -69,8 +74,15 @@ def test_same_inputs_same_verdicts_across_services(rules_url: str) -> None:
 
 
 def test_repeated_items_in_one_batch_are_judged_once_and_kept_in_order(rules_url: str) -> None:
-    body = {"items": [{"prediction": "Lyon", "references": ["Paris"]}, {"prediction": "Paris", "references": ["Paris"]}]}
-    verdicts = httpx.post(f"{rules_url}/v1/judge/answer", json={"items": body["items"] * 3}).json()["verdicts"]
+    body = {
+        "items": [
+            {"prediction": "Lyon", "references": ["Paris"]},
+            {"prediction": "Paris", "references": ["Paris"]},
+        ]
+    }
+    verdicts = httpx.post(f"{rules_url}/v1/judge/answer", json={"items": body["items"] * 3}).json()[
+        "verdicts"
+    ]
     assert [v["verdict"] for v in verdicts] == [False, True] * 3
 
 
@@ -78,11 +90,27 @@ def test_repeated_items_in_one_batch_are_judged_once_and_kept_in_order(rules_url
     ("path", "body", "status", "error", "names"),
     [
         ("/v1/judge/answer", {"items": []}, 422, "invalid_request", "items"),
-        ("/v1/judge/answer", {"items": [{"prediction": "x", "references": []}]}, 422, "invalid_request",
-         "items.0.references"),
-        ("/v1/judge/answer", {"items": [{"references": ["x"]}]}, 422, "invalid_request", "items.0.prediction"),
-        ("/v1/judge/answer", {"items": [{"prediction": "x", "references": ["y"], "extra": 1}]}, 422,
-         "invalid_request", "items.0.extra"),
+        (
+            "/v1/judge/answer",
+            {"items": [{"prediction": "x", "references": []}]},
+            422,
+            "invalid_request",
+            "items.0.references",
+        ),
+        (
+            "/v1/judge/answer",
+            {"items": [{"references": ["x"]}]},
+            422,
+            "invalid_request",
+            "items.0.prediction",
+        ),
+        (
+            "/v1/judge/answer",
+            {"items": [{"prediction": "x", "references": ["y"], "extra": 1}]},
+            422,
+            "invalid_request",
+            "items.0.extra",
+        ),
         ("/v1/judge/answerable", {"items": [{"question": "q"}]}, 422, "invalid_request", "items.0.evidence"),
         ("/v1/judge/answerable", {"items": []}, 422, "invalid_request", "items"),
         ("/v1/judge/answerable", "{not json", 400, "malformed_json", "JSON"),
@@ -102,7 +130,9 @@ def test_oversized_batch_is_413() -> None:
         items = [{"prediction": "x", "references": ["x"]}] * 3
         response = httpx.post(f"{url}/v1/judge/answer", json={"items": items})
         assert response.status_code == 413
-        assert response.json()["error"] == "batch_too_large" and "JUDGE_MAX_BATCH" in response.json()["message"]
+        assert (
+            response.json()["error"] == "batch_too_large" and "JUDGE_MAX_BATCH" in response.json()["message"]
+        )
         ok = httpx.post(f"{url}/v1/judge/answerable", json={"items": [{"question": "q", "evidence": []}] * 2})
         assert ok.status_code == 200
 

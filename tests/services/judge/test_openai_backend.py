@@ -13,7 +13,7 @@ from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
 from services.judge.backends import parse_verdict
 from services.judge.prompts import load_prompt
 
-from .conftest import LLM_MODEL, ScriptedLLM, llm_judge
+from .conftest import LLM_MODEL, ScriptedLLM, judge_service, llm_judge
 
 YES_NO = (("yes",), ("no",))
 
@@ -41,7 +41,13 @@ def test_parse_yes_no(reply: str, expected: bool | None) -> None:
 
 @pytest.mark.parametrize(
     ("reply", "expected"),
-    [("Correct", True), ("Wrong", False), ("Incorrect.", False), ("Mark: correct", True), ("The answer is incorrect", False)],
+    [
+        ("Correct", True),
+        ("Wrong", False),
+        ("Incorrect.", False),
+        ("Mark: correct", True),
+        ("The answer is incorrect", False),
+    ],
 )
 def test_parse_correct_wrong(reply: str, expected: bool) -> None:
     prompt = load_prompt("answer_validation@1")
@@ -51,21 +57,31 @@ def test_parse_correct_wrong(reply: str, expected: bool) -> None:
 def test_llm_verdicts_record_the_prompt_and_send_temperature_zero() -> None:
     llm = ScriptedLLM({"Predicted answer: the capital of France": "YES", "Predicted answer: Lyon": "NO"})
     items = [
-        AnswerItem(question="Where was Jane Roe born?", prediction="the capital of France", references=["Paris"]),
-        AnswerItem(question="Where was Jane Roe born?", prediction="Lyon", references=["Paris", "City of Light"]),
+        AnswerItem(
+            question="Where was Jane Roe born?", prediction="the capital of France", references=["Paris"]
+        ),
+        AnswerItem(
+            question="Where was Jane Roe born?", prediction="Lyon", references=["Paris", "City of Light"]
+        ),
     ]
     with llm_judge(llm, seed=7) as url, JudgeClient(url) as client:
         verdicts = client.answer(items)
         ready = httpx.get(f"{url}/readyz").json()
     assert [(v.verdict, v.score) for v in verdicts] == [(True, 1.0), (False, 0.0)]
-    assert {(v.backend, v.version, v.fallback) for v in verdicts} == {("openai", "answer_equivalence@1", False)}
+    assert {(v.backend, v.version, v.fallback) for v in verdicts} == {
+        ("openai", "answer_equivalence@1", False)
+    }
     assert "replied 'YES'" in verdicts[0].rationale
     assert ready == {"status": "ready", "backend": "openai", "cache": "memory", "model": LLM_MODEL}
     assert len(llm.requests) == 2
     for request in llm.requests:
         assert (request["model"], request["temperature"], request["seed"]) == (LLM_MODEL, 0.0, 7)
-    prompt = llm.requests[1]["messages"][0]["content"]
-    assert "Where was Jane Roe born?" in prompt and "- Paris\n- City of Light" in prompt and "YES or NO" in prompt
+    prompt = next(r["messages"][0]["content"] for r in llm.requests if "Lyon" in r["messages"][0]["content"])
+    assert (
+        "Where was Jane Roe born?" in prompt
+        and "- Paris\n- City of Light" in prompt
+        and "YES or NO" in prompt
+    )
 
 
 def test_teacher_prompt_and_answerable_prompt() -> None:
@@ -73,11 +89,15 @@ def test_teacher_prompt_and_answerable_prompt() -> None:
     with llm_judge(llm, answer_prompt="answer_validation@1") as url, JudgeClient(url) as client:
         answer = client.answer([AnswerItem(prediction="Paris", references=["Paris"])])[0]
         answerable = client.answerable(
-            [AnswerableItem(question="Where was Jane Roe born?", evidence=["Acme.", "Jane Roe was born in Paris."])]
+            [
+                AnswerableItem(
+                    question="Where was Jane Roe born?", evidence=["Acme.", "Jane Roe was born in Paris."]
+                )
+            ]
         )[0]
     assert (answer.verdict, answer.version) == (True, "answer_validation@1")
     assert (answerable.verdict, answerable.backend, answerable.version) == (True, "openai", "answerable@1")
-    assert "(none known)" in llm.requests[1]["messages"][0]["content"]
+    assert any("(none known)" in r["messages"][0]["content"] for r in llm.requests)
 
 
 def test_transient_errors_are_retried_then_succeed() -> None:
@@ -93,7 +113,12 @@ def test_a_failing_llm_falls_back_to_rules_after_the_retries() -> None:
     with llm_judge(llm, retries=2) as url, JudgeClient(url) as client:
         verdict = client.answer([AnswerItem(prediction="The Eiffel Tower", references=["Eiffel Tower"])])[0]
         again = client.answer([AnswerItem(prediction="The Eiffel Tower", references=["Eiffel Tower"])])[0]
-    assert (verdict.verdict, verdict.backend, verdict.version, verdict.fallback) == (True, "rules", "rules@1", True)
+    assert (verdict.verdict, verdict.backend, verdict.version, verdict.fallback) == (
+        True,
+        "rules",
+        "rules@1",
+        True,
+    )
     assert verdict.fallback_reason is not None and "3 attempt(s) failed" in verdict.fallback_reason
     assert "InternalServerError" in verdict.fallback_reason
     # the fallback was not cached: the second call asked the LLM again (3 more attempts)
@@ -101,9 +126,11 @@ def test_a_failing_llm_falls_back_to_rules_after_the_retries() -> None:
 
 
 def test_a_slow_llm_times_out_then_falls_back_to_rules() -> None:
-    llm = ScriptedLLM(default="NO", delay_s=2.0)
+    llm = ScriptedLLM(default="NO", delay_s=0.6)
     with llm_judge(llm, timeout_s=0.2, retries=1) as url, JudgeClient(url) as client:
-        verdict = client.answerable([AnswerableItem(question="q", evidence=["Paris"], references=["Paris"])])[0]
+        verdict = client.answerable([AnswerableItem(question="q", evidence=["Paris"], references=["Paris"])])[
+            0
+        ]
     assert (verdict.verdict, verdict.backend, verdict.fallback) == (True, "rules", True)
     assert "2 attempt(s) failed" in str(verdict.fallback_reason) and "Timeout" in str(verdict.fallback_reason)
     assert len(llm.requests) == 2
@@ -130,11 +157,11 @@ def test_readyz_names_a_missing_endpoint_or_model() -> None:
         response = httpx.get(f"{url}/readyz")
     assert response.status_code == 503 and response.json()["error"] == "llm_unavailable"
     assert "'not-served'" in response.json()["message"]
-    from .conftest import judge_service
-
     with judge_service(backend="openai", openai_base_url="http://127.0.0.1:9/v1", model="m") as url:
         response = httpx.get(f"{url}/readyz")
         # the judge still answers, from the rules, while the LLM is down
-        verdict = httpx.post(f"{url}/v1/judge/answer", json={"items": [{"prediction": "a", "references": ["a"]}]})
+        verdict = httpx.post(
+            f"{url}/v1/judge/answer", json={"items": [{"prediction": "a", "references": ["a"]}]}
+        )
     assert response.status_code == 503 and "did not answer" in response.json()["message"]
     assert verdict.json()["verdicts"][0]["fallback"] is True

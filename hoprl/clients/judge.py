@@ -1,0 +1,173 @@
+"""The judge service's wire contract, its typed HTTP client, and :class:`RemoteJudge`.
+
+:class:`RemoteJudge` implements :class:`hoprl.judging.Judge` over HTTP, so code written against
+the protocol (EVO-RAG's refusal reward, an LLM-judge metric) switches from the embedded
+:class:`~hoprl.judging.RulesJudge` to the judge service without changes::
+
+    judge = RemoteJudge("http://127.0.0.1:8003")
+    judge.answer("Eiffel Tower", ["The Eiffel Tower"]).verdict   # True
+
+For many items at once, use :class:`JudgeClient` (one HTTP request per batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from hoprl.clients.retriever import ServiceError
+from hoprl.judging import Verdict
+
+MAX_TEXT = 20_000  # characters in a question, prediction or reference
+MAX_PASSAGE = 100_000  # characters in one evidence passage
+MAX_LIST = 256  # references or passages in one item
+
+
+class AnswerItem(BaseModel):
+    """One prediction to grade against the gold answer and its aliases."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(default="", max_length=MAX_TEXT, description="context for LLM judges")
+    prediction: str = Field(max_length=MAX_TEXT, description="may be empty (an empty answer is wrong)")
+    references: list[str] = Field(
+        min_length=1,
+        max_length=MAX_LIST,
+        description="gold answer first, then aliases; at least one (an answer needs a reference)",
+    )
+
+
+class AnswerableItem(BaseModel):
+    """One question and the evidence it should be answerable from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(max_length=MAX_TEXT)
+    evidence: list[str] = Field(max_length=MAX_LIST, description="passages; may be empty")
+    references: list[str] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="gold answers when known; [] = the question has no answer; null = unknown",
+    )
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[AnswerItem] = Field(min_length=1, description="a batch; the service caps its size")
+
+
+class AnswerableRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[AnswerableItem] = Field(min_length=1, description="a batch; the service caps its size")
+
+
+class JudgeVerdict(Verdict):
+    """A :class:`~hoprl.judging.Verdict` plus how the service produced it."""
+
+    cached: bool = Field(default=False, description="served from the cache, no backend call")
+    fallback: bool = Field(default=False, description="the LLM failed and the rules decided")
+    fallback_reason: str | None = Field(default=None, description="why the LLM verdict is missing")
+
+
+class VerdictsResponse(BaseModel):
+    """Verdicts in the order of the request's items."""
+
+    verdicts: list[JudgeVerdict]
+
+
+def _check(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        raise ServiceError(response.status_code, body)
+    return response.json()
+
+
+def _body(items: list[AnswerItem] | list[AnswerableItem]) -> dict[str, Any]:
+    return {"items": [item.model_dump() for item in items]}
+
+
+class JudgeClient:
+    """Blocking client: ``JudgeClient(url).answer([AnswerItem(prediction=..., references=[...])])``."""
+
+    def __init__(self, base_url: str, timeout: float = 120.0, **kwargs: Any) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+
+    def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
+        """Grade a batch of predictions; raises :class:`ServiceError` on a 4xx/5xx answer."""
+        response = self.http.post("/v1/judge/answer", json=_body(items))
+        return VerdictsResponse.model_validate(_check(response)).verdicts
+
+    def answerable(self, items: list[AnswerableItem]) -> list[JudgeVerdict]:
+        """Decide answerability for a batch of questions."""
+        response = self.http.post("/v1/judge/answerable", json=_body(items))
+        return VerdictsResponse.model_validate(_check(response)).verdicts
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> JudgeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncJudgeClient:
+    """Async client for evaluation loops: ``await client.answer(items)``."""
+
+    def __init__(self, base_url: str, timeout: float = 120.0, **kwargs: Any) -> None:
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **kwargs)
+
+    async def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
+        response = await self.http.post("/v1/judge/answer", json=_body(items))
+        return VerdictsResponse.model_validate(_check(response)).verdicts
+
+    async def answerable(self, items: list[AnswerableItem]) -> list[JudgeVerdict]:
+        response = await self.http.post("/v1/judge/answerable", json=_body(items))
+        return VerdictsResponse.model_validate(_check(response)).verdicts
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class RemoteJudge:
+    """:class:`hoprl.judging.Judge` backed by the judge service (one request per call).
+
+    The verdicts are :class:`JudgeVerdict` (a ``Verdict`` subclass), so callers that record
+    ``verdict.model_dump()`` also keep ``cached`` and ``fallback``. Unlike ``RulesJudge``,
+    :meth:`answer` with no references raises ``ValueError`` (the service answers such an item
+    with HTTP 422): an answer cannot be graded without a reference. Service errors raise
+    :class:`~hoprl.clients.retriever.ServiceError`.
+
+    Args:
+        base_url: the judge service, e.g. ``http://127.0.0.1:8003``; or pass ``client``.
+    """
+
+    def __init__(self, base_url: str | None = None, client: JudgeClient | None = None) -> None:
+        if client is None and base_url is None:
+            raise ValueError("RemoteJudge needs base_url (e.g. 'http://127.0.0.1:8003') or client")
+        self.client = client or JudgeClient(str(base_url))
+
+    def answer(self, prediction: str, references: list[str], question: str = "") -> Verdict:
+        item = AnswerItem(question=question, prediction=prediction, references=references)
+        return self.client.answer([item])[0]
+
+    def answerable(self, question: str, evidence: list[str], references: list[str] | None = None) -> Verdict:
+        item = AnswerableItem(question=question, evidence=evidence, references=references)
+        return self.client.answerable([item])[0]
+
+    def close(self) -> None:
+        self.client.close()
