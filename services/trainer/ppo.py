@@ -1,0 +1,355 @@
+"""PPO for multi-turn trajectories with step rewards (TRL removed its PPOTrainer).
+
+A trajectory is a :class:`~hoprl.agent.trajectory.TokenTrajectory`: prompt ids, completion ids and a
+mask (1 = the policy generated the token, 0 = injected text such as retrieved documents or chat
+template tokens). Its rewards are EVO-RAG's per-step rewards ``R_t``
+(:func:`hoprl.recipes.evo_rag.episode_step_rewards`), one per policy step.
+
+Per-token rewards. Step ``t``'s policy tokens form the ``t``-th maximal run of mask-1 tokens (the
+chat template puts mask-0 tokens between any two assistant turns). The last token of that run gets
+``R_t``; every other token gets 0, minus the optional KL penalty
+``kl_coef * (log pi_old - log pi_ref)`` on policy tokens only.
+
+GAE over policy tokens only. Injected tokens are not time steps: the policy did not act there. For
+policy tokens ``i < j`` adjacent in the compressed (mask-1 only) sequence::
+
+    delta_i = r_i + gamma * V(j) - V(i)          # V after the last policy token is 0
+    A_i     = delta_i + gamma * lam * A_j
+    returns_i = A_i + V(i)
+
+so the value of the *next policy token* bridges a masked span: the retrieved text between two steps
+is part of the environment's transition, costs no discount step, and its tokens get no advantage,
+no return, no policy / value loss and no KL. (The value head still reads the injected text through
+the model's hidden states: V at the first token of step ``t+1`` has seen the documents.)
+
+Loss on a minibatch (masked means over policy tokens; ``ratio = exp(log pi - log pi_old)``)::
+
+    pg      = max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))           eps = 0.2
+    vf      = 0.5 * max((V - G)^2, (V_old + clip(V - V_old, -c, c) - G)^2)   c = 0.2
+    loss    = pg + vf_coef * vf - ent_coef * entropy
+
+``pi_old``, ``V_old`` and the advantages are computed once per :func:`ppo_step` (no gradient) by
+the policy being trained, then ``ppo_epochs`` passes over minibatches follow.
+
+Example::
+
+    samples = [PPOSample.from_episode(ep, tokenizer) for ep in scored_episodes]
+    metrics = ppo_step(policy, value_head, ref, optimizer, samples, PPOConfig())
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, pad, selective_log_softmax
+
+from hoprl.agent.tokens import to_token_trajectory
+from hoprl.agent.trajectory import Episode, TokenTrajectory
+from hoprl.recipes.evo_rag import EvoRagConfig, episode_step_rewards
+
+log = logging.getLogger("hoprl.trainer.ppo")
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+Tensors = dict[str, torch.Tensor]
+
+
+class PPOConfig(BaseModel):
+    """PPO's constants (defaults follow common RLHF practice; the clip ranges are PPO's 0.2)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=10, ge=1, description="ppo_step calls in train_ppo")
+    batch_size: int = Field(default=8, ge=1, description="trajectories per ppo_step")
+    mini_batch_size: int = Field(default=4, ge=1)
+    ppo_epochs: int = Field(default=2, ge=1, description="passes over the batch per ppo_step")
+    learning_rate: float = 1e-5
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = Field(default=0.2, description="eps of the clipped surrogate")
+    cliprange_value: float = Field(default=0.2, description="clip of V around V_old")
+    vf_coef: float = 0.1
+    ent_coef: float = Field(default=0.0, description="entropy bonus; 0 turns it off")
+    kl_coef: float = Field(default=0.05, description="per-token KL penalty; 0 needs no reference")
+    whiten_advantages: bool = True
+    max_grad_norm: float = 1.0
+    temperature: float = Field(default=1.0, gt=0.0, description="the sampling temperature")
+    seed: int = 0
+
+
+@dataclass
+class PPOSample:
+    """One trajectory and its per-step rewards ``R_1..R_T`` (one per mask-1 run)."""
+
+    trajectory: TokenTrajectory
+    step_rewards: list[float]
+
+    @classmethod
+    def from_episode(cls, episode: Episode, tokenizer: Any, config: EvoRagConfig | None = None) -> PPOSample:
+        """Tokenize a *scored* EVO-RAG episode and attach its step rewards."""
+        return cls(to_token_trajectory(episode, tokenizer), episode_step_rewards(episode, config))
+
+
+def step_ends(mask: Sequence[int]) -> list[int]:
+    """Index of the last token of each maximal run of 1s: ``[1,1,0,1,0] -> [1, 3]``."""
+    return [i for i, m in enumerate(mask) if m and (i + 1 == len(mask) or not mask[i + 1])]
+
+
+def token_scores(sample: PPOSample) -> list[float]:
+    """Per completion token: ``R_t`` on the last policy token of step ``t``, 0 elsewhere."""
+    ends = step_ends(sample.trajectory.mask)
+    if len(ends) != len(sample.step_rewards):
+        raise ValueError(
+            f"{len(sample.step_rewards)} step rewards for {len(ends)} policy-token runs; every step "
+            "needs non-empty text and mask-0 tokens between steps (to_token_trajectory does this)"
+        )
+    scores = [0.0] * len(sample.trajectory.mask)
+    for i, reward in zip(ends, sample.step_rewards, strict=True):
+        scores[i] = reward
+    return scores
+
+
+class ValueHead(nn.Module):
+    """``V(s) = w . h + b`` on the causal LM's last hidden state; one value per position."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.linear.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.float()).squeeze(-1)
+
+
+def collate(samples: Sequence[PPOSample], pad_id: int) -> Tensors:
+    """Right-padded tensors in the *shifted* frame: position ``i`` predicts token ``i + 1``.
+
+    ``mask[b, i]`` is 1 where token ``i + 1`` is a policy token, ``scores[b, i]`` its step reward.
+    """
+    ids, masks, scores = [], [], []
+    for s in samples:
+        traj = s.trajectory
+        n_prompt = len(traj.prompt_ids)
+        ids.append(torch.tensor(traj.prompt_ids + traj.completion_ids))
+        masks.append(torch.tensor([0] * (n_prompt - 1) + traj.mask, dtype=torch.float32))
+        scores.append(torch.tensor([0.0] * (n_prompt - 1) + token_scores(s)))
+    input_ids = pad(ids, padding_value=pad_id)
+    lengths = torch.tensor([len(x) for x in ids])
+    attention = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "targets": input_ids[:, 1:],
+        "mask": pad(masks),
+        "scores": pad(scores),
+    }
+
+
+def forward(
+    policy: nn.Module, value_head: nn.Module, batch: Tensors, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits ``[B, L-1, V]`` (divided by the temperature) and values ``[B, L-1]``."""
+    out = policy(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+    )
+    return out.logits[:, :-1].float() / temperature, value_head(out.hidden_states[-1][:, :-1])
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over mask-1 entries; mask-0 entries get exactly zero gradient."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Zero mean, unit variance over mask-1 entries; mask-0 entries become 0."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns ``[B, L]`` by GAE over mask-1 positions only (see the module doc).
+
+    Walking backwards, a mask-0 position passes the next policy token's value and advantage
+    through unchanged, which is GAE on the compressed sequence of policy tokens.
+    """
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_adv = torch.zeros_like(rewards[:, 0])
+    for i in reversed(range(rewards.shape[1])):
+        on = mask[:, i] > 0
+        delta = rewards[:, i] + gamma * next_value - values[:, i]
+        adv = delta + gamma * lam * next_adv
+        advantages[:, i] = torch.where(on, adv, 0.0)
+        next_adv = torch.where(on, adv, next_adv)
+        next_value = torch.where(on, values[:, i], next_value)
+    return advantages, (advantages + values) * mask
+
+
+@torch.no_grad()
+def prepare(
+    policy: nn.Module, value_head: nn.Module, ref: nn.Module | None, batch: Tensors, config: PPOConfig
+) -> Tensors:
+    """Add ``old_logps``, ``old_values``, ``advantages``, ``returns`` and ``kl`` to ``batch``."""
+    mask = batch["mask"]
+    logits, values = forward(policy, value_head, batch, config.temperature)
+    old_logps = selective_log_softmax(logits, batch["targets"])
+    kl = torch.zeros_like(old_logps)
+    if ref is not None and config.kl_coef > 0:
+        ref_logits = ref(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        ref_logps = selective_log_softmax(ref_logits[:, :-1].float() / config.temperature, batch["targets"])
+        kl = (old_logps - ref_logps) * mask
+    rewards = batch["scores"] - config.kl_coef * kl
+    values = values * mask
+    advantages, returns = gae(rewards, values, mask, config.gamma, config.lam)
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    return batch | {
+        "old_logps": old_logps * mask,
+        "old_values": values,
+        "advantages": advantages,
+        "returns": returns,
+        "kl": kl,
+    }
+
+
+def ppo_loss(
+    logits: torch.Tensor, values: torch.Tensor, batch: Tensors, config: PPOConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped PPO loss of one minibatch (module doc) and its statistics."""
+    mask, adv = batch["mask"], batch["advantages"]
+    logps = selective_log_softmax(logits, batch["targets"])
+    ratio = torch.exp((logps - batch["old_logps"]) * mask)
+    clipped = torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange)
+    pg_loss = masked_mean(torch.max(-adv * ratio, -adv * clipped), mask)
+    old_v, returns = batch["old_values"], batch["returns"]
+    v_clipped = old_v + torch.clamp(values - old_v, -config.cliprange_value, config.cliprange_value)
+    vf_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (v_clipped - returns) ** 2), mask)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and config.ent_coef > 0):  # logged either way
+        entropy = masked_mean(entropy_from_logits(logits), mask)
+    loss = pg_loss + config.vf_coef * vf_loss - config.ent_coef * entropy
+    stats = {
+        "loss": loss.item(),
+        "pg_loss": pg_loss.item(),
+        "vf_loss": vf_loss.item(),
+        "entropy": entropy.item(),
+        "clipfrac": masked_mean(((ratio - 1.0).abs() > config.cliprange).float(), mask).item(),
+        "approx_kl": masked_mean(0.5 * (logps - batch["old_logps"]) ** 2, mask).item(),
+    }
+    return loss, stats
+
+
+def ppo_step(
+    policy: nn.Module,
+    value_head: nn.Module,
+    ref: nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    batch: Sequence[PPOSample],
+    config: PPOConfig,
+    pad_id: int = 0,
+) -> dict[str, float]:
+    """One PPO update on ``batch``: advantages once, then ``ppo_epochs`` passes of minibatches.
+
+    ``optimizer`` must hold the policy's and the value head's parameters; disable the policy's
+    dropout (``trl.trainer.utils.disable_dropout_in_model``) so the first ratios are exactly 1.
+    Returns the mean of the minibatch statistics plus ``score`` (mean trajectory return) and
+    ``kl`` (mean per policy token, the k1 estimate ``log pi_old - log pi_ref``).
+    """
+    device = next(policy.parameters()).device
+    tensors = {k: v.to(device) for k, v in collate(batch, pad_id).items()}
+    data = prepare(policy, value_head, ref, tensors, config)
+    history: list[dict[str, float]] = []
+    for _ in range(config.ppo_epochs):
+        for idx in torch.randperm(len(batch), device=device).split(config.mini_batch_size):
+            mb = {k: v[idx] for k, v in data.items()}
+            logits, values = forward(policy, value_head, mb, config.temperature)
+            loss, stats = ppo_loss(logits, values, mb, config)
+            optimizer.zero_grad()
+            loss.backward()
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            optimizer.step()
+            history.append(stats)
+    metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+    metrics["score"] = sum(sum(s.step_rewards) for s in batch) / len(batch)
+    metrics["kl"] = masked_mean(data["kl"], data["mask"]).item()
+    return metrics
+
+
+def save_value_head(value_head: ValueHead, out_dir: str | Path) -> None:
+    save_file(value_head.state_dict(), str(Path(out_dir) / VALUE_HEAD_FILE))
+
+
+def load_value_head(path: str | Path, hidden_size: int) -> ValueHead:
+    """The value head saved by :func:`train_ppo` in ``path`` (a checkpoint folder)."""
+    head = ValueHead(hidden_size)
+    head.load_state_dict(load_file(str(Path(path) / VALUE_HEAD_FILE)))
+    return head
+
+
+def train_ppo(
+    model_path: str | Path,
+    trajectories: Sequence[Episode | PPOSample],
+    config: PPOConfig,
+    out_dir: str | Path,
+    recipe_config: EvoRagConfig | None = None,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Train ``model_path`` with PPO on stored trajectories; save model, tokenizer, value head.
+
+    ``trajectories`` are scored EVO-RAG episodes (tokenized here with the model's tokenizer) or
+    ready :class:`PPOSample` s. Batches cycle through them in a seeded shuffled order. A value
+    head found in ``model_path`` is resumed. ``on_step`` gets each step's metrics (with ``step``).
+    Returns the metrics of every step.
+    """
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    policy = AutoModelForCausalLM.from_pretrained(str(model_path), device_map=device)
+    disable_dropout_in_model(policy)
+    hidden = int(policy.config.hidden_size)
+    has_head = (Path(model_path) / VALUE_HEAD_FILE).is_file()
+    value_head = load_value_head(model_path, hidden) if has_head else ValueHead(hidden)
+    ref = None
+    if config.kl_coef > 0:
+        ref = AutoModelForCausalLM.from_pretrained(str(model_path), device_map=device)
+        ref.eval().requires_grad_(False)
+    value_head.to(device)
+    params = [*policy.parameters(), *value_head.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
+    samples = [
+        t if isinstance(t, PPOSample) else PPOSample.from_episode(t, tokenizer, recipe_config)
+        for t in trajectories
+    ]
+    if not samples:
+        raise ValueError("no trajectories to train on; collect and score rollouts first")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    order: list[int] = []
+    history = []
+    for step in range(1, config.steps + 1):
+        while len(order) < config.batch_size:
+            order += random.sample(range(len(samples)), len(samples))
+        batch, order = [samples[i] for i in order[: config.batch_size]], order[config.batch_size :]
+        metrics = ppo_step(policy, value_head, ref, optimizer, batch, config, pad_id) | {"step": step}
+        log.info("ppo step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
+        history.append(metrics)
+        if on_step is not None:
+            on_step(metrics)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    policy.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    save_value_head(value_head, out_dir)
+    return history

@@ -1,0 +1,180 @@
+"""PPO on a tiny random Llama: GAE by hand, step-boundary rewards, masks, a real training run."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hoprl.agent.trajectory import Episode, Step
+from hoprl.recipes.evo_rag import SIGNALS, episode_step_rewards
+from services.trainer.ppo import (
+    PPOConfig,
+    PPOSample,
+    ValueHead,
+    collate,
+    forward,
+    gae,
+    load_value_head,
+    ppo_loss,
+    ppo_step,
+    prepare,
+    step_ends,
+    token_scores,
+    train_ppo,
+)
+
+
+def signals(**values: float) -> dict[str, float]:
+    return dict.fromkeys(SIGNALS, 0.0) | {"r_step": -1.0} | values
+
+
+def scored_episode(qid: str = "q1", answer: str = "Jane Roe") -> Episode:
+    """A hand-scored 3-step EVO-RAG episode (signals set directly: no judge, no embedder)."""
+    info = "\n<information>\nDoc 1 (Title: Acme) Acme was founded by Jane Roe.\n</information>\n"
+    return Episode(
+        recipe="evo-rag",
+        question_id=qid,
+        question="Who founded Acme?",
+        answers=["Jane Roe"],
+        prompt=[
+            {"role": "system", "content": "Search, then answer."},
+            {"role": "user", "content": "Question: Who founded Acme?"},
+        ],
+        steps=[
+            Step(
+                t=1,
+                action="search",
+                text="<search>Acme founder</search>",
+                queries=["Acme founder"],
+                information=info,
+                signals=signals(r_ret=1.0),
+            ),
+            Step(
+                t=2,
+                action="search",
+                text="<search>Acme founded by</search>",
+                queries=["Acme founded by"],
+                information=info,
+                signals=signals(r_ret=1.0, r_dup=-0.9),
+            ),
+            Step(
+                t=3,
+                action="answer",
+                text=f"<answer>{answer}</answer>",
+                answer=answer,
+                signals=signals(r_ans=1.0 if answer == "Jane Roe" else 0.0),
+            ),
+        ],
+        meta={"evo_rag": {"stage": "discovery", "version": "evo_rag@1"}},
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: str) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def samples(tokenizer: Any) -> list[PPOSample]:
+    return [
+        PPOSample.from_episode(scored_episode(f"q{i}", a), tokenizer)
+        for i, a in enumerate(["Jane Roe", "John Doe", "Jane Roe", "Tokyo"])
+    ]
+
+
+def test_step_ends_are_the_last_token_of_each_run() -> None:
+    assert step_ends([0, 1, 1, 0, 0, 1, 0, 1]) == [2, 5, 7]
+    assert step_ends([1, 1]) == [1]
+    assert step_ends([0, 0]) == []
+
+
+def test_step_rewards_sit_on_the_last_policy_token_of_each_step(tokenizer: Any) -> None:
+    ep = scored_episode()
+    sample = PPOSample.from_episode(ep, tokenizer)
+    ends = step_ends(sample.trajectory.mask)
+    assert len(ends) == 3
+    for end, step in zip(ends, ep.steps, strict=True):
+        assert step.text.endswith(tokenizer.decode(sample.trajectory.completion_ids[end]))
+    scores = token_scores(sample)
+    assert [scores[i] for i in ends] == pytest.approx(episode_step_rewards(ep))
+    assert sum(1 for s in scores if s != 0.0) == 3
+    with pytest.raises(ValueError, match="2 step rewards for 3 policy-token runs"):
+        token_scores(PPOSample(sample.trajectory, [1.0, 2.0]))
+
+
+def test_gae_by_hand_on_three_steps_bridges_masked_spans() -> None:
+    # policy tokens at 0, 1 | injected 2, 3 | step 2 at 4 | injected 5 | step 3 at 6
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0, 1]], dtype=torch.float32)
+    rewards = torch.tensor([[0.0, 1.0, 0.0, 0.0, -0.5, 0.0, 2.0]])  # R_1, R_2, R_3 at step ends
+    values = torch.tensor([[0.1, 0.2, 9.0, 9.0, 0.3, 9.0, 0.4]])  # 9.0 on injected: must be ignored
+    gamma, lam = 0.9, 0.8
+    # compressed: r = [0, 1, -0.5, 2], V = [0.1, 0.2, 0.3, 0.4], V after the end = 0
+    a6 = 2.0 - 0.4
+    a4 = (-0.5 + gamma * 0.4 - 0.3) + gamma * lam * a6
+    a1 = (1.0 + gamma * 0.3 - 0.2) + gamma * lam * a4
+    a0 = (0.0 + gamma * 0.2 - 0.1) + gamma * lam * a1
+    advantages, returns = gae(rewards, values, mask, gamma, lam)
+    expected = [a0, a1, 0.0, 0.0, a4, 0.0, a6]
+    assert advantages[0].tolist() == pytest.approx(expected)
+    assert [a6, a4, a1, a0] == pytest.approx([1.6, 0.712, 1.58264, 1.2195008])
+    assert returns[0].tolist() == pytest.approx([a0 + 0.1, a1 + 0.2, 0, 0, a4 + 0.3, 0, a6 + 0.4])
+    # gamma = lam = 1: the return is the reward-to-go, whatever the values
+    _, returns = gae(rewards, values, mask, 1.0, 1.0)
+    assert returns[0].tolist() == pytest.approx([2.5, 2.5, 0, 0, 1.5, 0, 2.0])
+
+
+def test_injected_tokens_get_exactly_zero_gradient(tiny_model: str, samples: list[PPOSample]) -> None:
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model)
+    value_head = ValueHead(policy.config.hidden_size)
+    config = PPOConfig(ent_coef=0.01, kl_coef=0.1)
+    data = prepare(policy, value_head, ref, collate(samples, 0), config)
+    with torch.no_grad():  # move the policy so ratios leave 1 and the clipped branches matter
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    logits, values = forward(policy, value_head, data, config.temperature)
+    logits.retain_grad()
+    values.retain_grad()
+    loss, _ = ppo_loss(logits, values, data, config)
+    loss.backward()
+    assert logits.grad is not None and values.grad is not None
+    off = data["mask"] == 0
+    assert off.any() and (~off).any()
+    assert torch.count_nonzero(logits.grad[off]) == 0
+    assert torch.count_nonzero(values.grad[off]) == 0
+    assert torch.count_nonzero(logits.grad[~off]) > 0
+    assert torch.count_nonzero(data["advantages"][off]) == 0
+    assert torch.count_nonzero(data["kl"][off]) == 0
+
+
+def test_value_loss_decreases_on_a_fixed_batch(tiny_model: str, samples: list[PPOSample]) -> None:
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model).requires_grad_(False)  # isolate the head
+    value_head = ValueHead(policy.config.hidden_size)
+    # gamma = lam = 1 makes the returns fixed targets (rewards-to-go), so vf must fall
+    config = PPOConfig(gamma=1.0, lam=1.0, kl_coef=0.0, vf_coef=1.0, ppo_epochs=2, mini_batch_size=4)
+    optimizer = torch.optim.AdamW(value_head.parameters(), lr=5e-2)
+    losses = [ppo_step(policy, value_head, None, optimizer, samples, config)["vf_loss"] for _ in range(5)]
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_train_ppo_changes_weights_and_saves(tiny_model: str, tmp_path: Path) -> None:
+    before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    episodes = [scored_episode(f"q{i}", a) for i, a in enumerate(["Jane Roe", "John Doe", "Tokyo"])]
+    config = PPOConfig(steps=2, batch_size=2, mini_batch_size=1, ppo_epochs=1, learning_rate=1e-3)
+    seen: list[dict[str, float]] = []
+    history = train_ppo(tiny_model, episodes, config, tmp_path, on_step=seen.append)
+    assert [m["step"] for m in history] == [1, 2] and seen == history
+    assert all(torch.isfinite(torch.tensor(list(m.values()))).all() for m in history)
+    after = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert "model.embed_tokens.weight" in changed and any("layers.0" in k for k in changed)
+    head = load_value_head(tmp_path, int(after["model.norm.weight"].shape[0]))
+    assert isinstance(head, ValueHead)
