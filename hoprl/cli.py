@@ -19,7 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 # name -> the ASGI app of that service (later issues add policy, judge and trainer)
-SERVICES = {"retriever": "services.retriever.app:app", "judge": "services.judge.app:app"}
+SERVICES = {
+    "retriever": "services.retriever.app:app",
+    "policy": "services.policy.app:app",
+    "judge": "services.judge.app:app",
+}
 DEFAULT_PORTS = {"retriever": 8001, "policy": 8002, "judge": 8003, "trainer": 8004}
 
 console = Console(stderr=True)

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 from services.judge.app import create_app as judge_app
+from services.policy.app import create_app as policy_app
 from services.retriever.app import create_app as retriever_app
 
-APPS = {"retriever": retriever_app, "judge": judge_app}
+APPS = {"retriever": retriever_app, "policy": policy_app, "judge": judge_app}
 
 
 def main(out: str = "openapi") -> None:

@@ -42,12 +42,30 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
-from hoprl.clients.llm import Completion, LLMClient
+from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.recipes.base import Action
 from hoprl.schemas import Question, SearchMode
 
 log = logging.getLogger(__name__)
+
+
+class ChatModel(Protocol):
+    """What the runner needs of a model: :class:`hoprl.clients.llm.LLMClient`'s ``chat`` (over HTTP),
+    or an in-process adapter with the same signature (the policy service's own engine)."""
+
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        stop: list[str] | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        n: int = 1,
+        logprobs: bool = False,
+    ) -> list[Completion]: ...
 
 
 class AgentRecipe(Protocol):
@@ -86,7 +104,7 @@ class _Run:
         self,
         recipe: AgentRecipe,
         question: Question,
-        llm: LLMClient,
+        llm: ChatModel,
         retriever: AsyncRetrieverClient,
         collection: str,
         opts: RunOptions,
@@ -209,7 +227,7 @@ class _Run:
 async def run_episode(
     recipe: AgentRecipe,
     question: Question,
-    llm: LLMClient,
+    llm: ChatModel,
     retriever: AsyncRetrieverClient,
     collection: str,
     *,
@@ -247,7 +265,7 @@ async def run_episode(
 async def run_episodes(
     recipe: AgentRecipe,
     questions: Sequence[Question],
-    llm: LLMClient,
+    llm: ChatModel,
     retriever: AsyncRetrieverClient,
     collection: str,
     *,

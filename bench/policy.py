@@ -1,0 +1,131 @@
+"""Policy benchmark: engine tokens/s (batched vs unbatched) and /v1/answer latency and throughput.
+
+    python bench/policy.py --data ../shared/data/hotpotqa_dev.jsonl      (make bench)
+    python bench/policy.py --quick                                        (a smoke run, ~1-2 min)
+
+Measures, on the default model (SmolLM2-135M-Instruct, transformers engine, one torch thread):
+- tokens/s of greedy decoding, 8 prompts one at a time vs the same 8 in one batch;
+- ``POST /v1/answer`` (naive-rag, the HotpotQA dev corpus indexed through a local retriever)
+  latency p50 / p99 for one client, and requests/s with 16 concurrent clients (the engine
+  batches their concurrent generations).
+The question sample is fixed (every k-th question of the file). The retriever's storage is kept in
+``.hoprl/bench/qdrant`` so the corpus is indexed once. Timings on shared machines are noisy: run
+it on an idle machine and compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from hoprl.answer_eval import prepare_collection
+from hoprl.data.jsonl import load_questions
+from hoprl.schemas import Question
+from services.local import LocalServer
+from services.policy.app import create_app as create_policy
+from services.policy.engines import SamplingParams, TransformersEngine
+from services.policy.model import resolve_model
+from services.policy.settings import PolicySettings
+from services.retriever.app import create_app as create_retriever
+from services.retriever.settings import RetrieverSettings
+
+
+def fixed_sample(questions: list[Question], n: int) -> list[Question]:
+    step = max(1, len(questions) // n)
+    return questions[::step][:n]
+
+
+def engine_tokens_per_s(model: str, questions: list[Question], max_tokens: int) -> dict[str, float]:
+    engine = TransformersEngine(model, threads=1)
+    prompts = [[{"role": "user", "content": q.question}] for q in questions[:8]]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    engine.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+    start = time.perf_counter()
+    single = sum(len(engine.generate([p], params)[0][0].token_ids) for p in prompts)
+    single_s = time.perf_counter() - start
+    start = time.perf_counter()
+    batched = sum(len(g[0].token_ids) for g in engine.generate(prompts, params))
+    batched_s = time.perf_counter() - start
+    engine.close()
+    return {
+        "unbatched_tokens_per_s": single / single_s,
+        "batched8_tokens_per_s": batched / batched_s,
+        "speedup": (batched / batched_s) / (single / single_s),
+    }
+
+
+async def answer_load(url: str, questions: list[Question], concurrency: int) -> tuple[list[float], float]:
+    """Latencies of every /v1/answer request and the wall time, ``concurrency`` clients at once."""
+    semaphore = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+
+        async def one(q: Question) -> None:
+            async with semaphore:
+                start = time.perf_counter()
+                response = await http.post("/v1/answer", json={"question": q.question})
+                response.raise_for_status()
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(q) for q in questions))
+    return latencies, time.perf_counter() - start
+
+
+def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]) -> dict[str, float]:
+    storage = RetrieverSettings(storage_path=Path(".hoprl/bench/qdrant"))
+    with LocalServer(create_retriever(storage)) as retriever:
+        start = time.perf_counter()
+        collection = prepare_collection(retriever.url, load_questions(args.data), name="bench-hotpotqa")
+        index_s = time.perf_counter() - start
+        settings = PolicySettings(
+            model=model, retriever_url=retriever.url, default_collection=collection,
+            default_recipe="naive-rag", max_tokens_per_step=args.tokens, request_timeout_s=600,
+        )  # fmt: skip
+        with LocalServer(create_policy(settings)) as policy:
+            asyncio.run(answer_load(policy.url, questions[:1], 1))  # warm-up
+            single, _ = asyncio.run(answer_load(policy.url, questions[: args.single], 1))
+            many = (questions * 4)[: args.concurrent_requests]
+            _, wall = asyncio.run(answer_load(policy.url, many, args.clients))
+    return {
+        "index_s": index_s,
+        "answer_p50_s": float(np.percentile(single, 50)),
+        "answer_p99_s": float(np.percentile(single, 99)),
+        "answer_requests_per_s_16_clients": len(many) / wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", default="../shared/data/hotpotqa_dev.jsonl")
+    parser.add_argument("--tokens", type=int, default=64, help="max new tokens per generation")
+    parser.add_argument("--single", type=int, default=30, help="requests for the one-client latency")
+    parser.add_argument("--concurrent-requests", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.single, args.concurrent_requests = 16, 8, 16
+    torch.set_num_threads(1)
+    model = resolve_model(None, Path(".hoprl/models/smollm2-135m-instruct"))
+    questions = fixed_sample(load_questions(args.data), max(args.single, 16))
+    result: dict[str, object] = {"model": model, "tokens": args.tokens, "cpus": os.cpu_count()}
+    result["load_average_before"] = os.getloadavg()
+    result |= engine_tokens_per_s(model, questions, args.tokens)
+    result |= answer_bench(args, model, questions)
+    result["load_average_after"] = os.getloadavg()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

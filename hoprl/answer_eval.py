@@ -1,0 +1,138 @@
+"""Answer evaluation through the policy service: EM / F1, retrieval count and latency per recipe.
+
+Every question goes through ``POST /v1/answer`` exactly as an application would send it, so the
+numbers include the agent loop, the retriever round trips and the HTTP overhead.
+
+    >>> report = evaluate_answers("http://127.0.0.1:8002", "http://127.0.0.1:8001",
+    ...                           load_questions("../shared/data/hotpotqa_dev.jsonl"),
+    ...                           recipe="naive-rag", limit=200)  # doctest: +SKIP
+    >>> report["em"], report["f1"], report["latency_p50_s"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI
+
+from hoprl.clients.policy import Answer, AsyncPolicyClient, ServiceError
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.data.corpus import pool
+from hoprl.evaluation import corpus_collection, ensure_indexed
+from hoprl.metrics.answer import exact_match, f1
+from hoprl.schemas import Question
+
+
+def prepare_collection(retriever_url: str, questions: Sequence[Question], name: str = "eval") -> str:
+    """Index the pooled paragraphs of ``questions`` (the benchmark's corpus) unless already there."""
+    documents = pool(questions)
+    collection = corpus_collection(name, documents)
+    with RetrieverClient(retriever_url) as client:
+        ensure_indexed(client, collection, documents)
+    return collection
+
+
+def _score(question: Question, reply: Answer | None, error: str | None, latency: float) -> dict[str, Any]:
+    prediction = reply.answer if reply is not None else None
+    return {
+        "id": question.id,
+        "prediction": prediction,
+        "answers": question.answers,
+        "em": exact_match(prediction or "", question.answers),
+        "f1": f1(prediction or "", question.answers),
+        "retrievals": sum(len(s.queries) for s in (reply.steps or [])) if reply else 0,
+        "outcome": reply.outcome if reply else "error",
+        "latency_s": latency,
+        "retrieval_s": reply.timings.retrieval_s if reply else 0.0,
+        "generation_s": reply.timings.generation_s if reply else 0.0,
+        "error": error,
+    }
+
+
+async def _answer_all(
+    url: str, questions: Sequence[Question], recipe: str, collection: str, concurrency: int
+) -> list[dict[str, Any]]:
+    client = AsyncPolicyClient(url)
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(question: Question) -> dict[str, Any]:
+        async with semaphore:
+            start = time.perf_counter()
+            try:
+                reply = await client.answer(question.question, recipe, collection, return_trace=True)
+                return _score(question, reply, None, time.perf_counter() - start)
+            except ServiceError as exc:  # a 4xx/5xx answer is a failed question, not a failed run
+                return _score(question, None, str(exc), time.perf_counter() - start)
+
+    try:
+        return list(await asyncio.gather(*(one(q) for q in questions)))
+    finally:
+        await client.aclose()
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means of EM / F1 / retrievals, latency percentiles, outcome counts."""
+    latency = np.array([r["latency_s"] for r in rows]) if rows else np.zeros(1)
+
+    def mean(key: str) -> float:
+        return float(np.mean([r[key] for r in rows])) if rows else 0.0
+
+    return {
+        "questions": len(rows),
+        "em": mean("em"),
+        "f1": mean("f1"),
+        "retrieval_count": mean("retrievals"),
+        "latency_p50_s": float(np.percentile(latency, 50)),
+        "latency_p99_s": float(np.percentile(latency, 99)),
+        "retrieval_s": mean("retrieval_s"),
+        "generation_s": mean("generation_s"),
+        "errors": sum(r["error"] is not None for r in rows),
+        "outcomes": dict(Counter(r["outcome"] for r in rows)),
+    }
+
+
+def evaluate_answers(
+    policy: str | FastAPI,
+    retriever_url: str,
+    questions: Sequence[Question],
+    recipe: str = "naive-rag",
+    collection: str | None = None,
+    limit: int | None = None,
+    concurrency: int = 4,
+) -> dict[str, Any]:
+    """EM / F1 / retrieval count / latency of ``recipe`` answering ``questions[:limit]``.
+
+    Args:
+        policy: the policy service's base URL, or a policy app (``services.policy.app.create_app``)
+            that is served on a loopback port for the run; its POLICY_RETRIEVER_URL must be
+            ``retriever_url``.
+        collection: the retriever collection; ``None`` = index the pooled paragraphs of all
+            ``questions`` (the benchmark's corpus; cached by content, see ``corpus_collection``).
+        concurrency: questions in flight at once (the policy batches concurrent generations).
+
+    Returns the summary (``em``, ``f1``, ``retrieval_count``, ``latency_p50_s``, ...) with
+    ``recipe``, ``collection``, ``seconds`` and per-question ``predictions``.
+    """
+    collection = collection or prepare_collection(retriever_url, questions)
+    sample = list(questions[:limit] if limit else questions)
+    with ExitStack() as stack:
+        if isinstance(policy, FastAPI):
+            from services.local import LocalServer
+
+            policy = stack.enter_context(LocalServer(policy)).url
+        start = time.perf_counter()
+        rows = asyncio.run(_answer_all(policy, sample, recipe, collection, concurrency))
+    seconds = time.perf_counter() - start
+    return {
+        "recipe": recipe,
+        "collection": collection,
+        **summarize(rows),
+        "seconds": seconds,
+        "predictions": rows,
+    }

@@ -1,0 +1,190 @@
+"""Typed HTTP clients for the policy service's own routes (sync and async).
+
+The OpenAI-compatible routes need no client of ours: use the ``openai`` package, or
+:class:`hoprl.clients.llm.LLMClient` for the agent loop.
+
+    >>> with PolicyClient("http://127.0.0.1:8002") as policy:  # doctest: +SKIP
+    ...     reply = policy.answer("Who founded Acme Records?", collection="tiny")
+    ...     reply.answer, [c.doc_id for c in reply.citations]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+
+from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
+from hoprl.clients.retriever import ServiceError, _check
+from hoprl.schemas import Question
+
+
+class Citation(BaseModel):
+    doc_id: str
+    title: str
+
+
+class AnswerTimings(BaseModel):
+    retrieval_s: float
+    generation_s: float
+    total_s: float
+
+
+class Answer(BaseModel):
+    """``POST /v1/answer``'s reply."""
+
+    answer: str | None
+    refused: bool
+    citations: list[Citation]
+    steps: list[Step] | None = None
+    timings: AnswerTimings
+    recipe: str
+    outcome: Outcome
+    model: str
+
+
+class Rollout(BaseModel):
+    episode: Episode
+    trajectory: TokenTrajectory
+
+
+class Rollouts(BaseModel):
+    """``POST /v1/rollouts``'s reply: question-major, a question's samples contiguous."""
+
+    recipe: str
+    model: str
+    rollouts: list[Rollout]
+    took_s: float
+
+
+class CheckpointSwitch(BaseModel):
+    model: str = Field(description="the id /v1/models now reports")
+    root: str
+    took_s: float
+
+
+def _answer_body(question: str, **fields: Any) -> dict[str, Any]:
+    return {"question": question, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _rollouts_body(
+    questions: list[Question], recipe: str, collection: str, n_samples: int, sampling: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
+        "questions": [q.model_dump() for q in questions],
+        "recipe": recipe,
+        "collection": collection,
+        "n_samples": n_samples,
+        "sampling": sampling or {},
+    }
+
+
+class PolicyClient:
+    """Blocking client: ``answer``, ``rollouts``, ``switch_checkpoint``.
+
+    Args:
+        admin_token: bearer token for :meth:`switch_checkpoint` (the service's POLICY_ADMIN_TOKEN).
+        timeout: seconds per request; generation on a CPU is slow, so it is generous.
+    """
+
+    def __init__(
+        self, base_url: str, admin_token: str | None = None, timeout: float = 300.0, **kwargs: Any
+    ) -> None:
+        self.admin_token = admin_token
+        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+
+    def answer(
+        self,
+        question: str,
+        recipe: str | None = None,
+        collection: str | None = None,
+        max_steps: int | None = None,
+        return_trace: bool = False,
+    ) -> Answer:
+        body = _answer_body(
+            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
+        )
+        return Answer.model_validate(_check(self.http.post("/v1/answer", json=body)))
+
+    def rollouts(
+        self,
+        questions: list[Question],
+        recipe: str,
+        collection: str,
+        n_samples: int = 1,
+        sampling: dict[str, Any] | None = None,
+    ) -> Rollouts:
+        """``sampling``: temperature, top_p, max_tokens (per step), max_steps, token_budget, seed."""
+        body = _rollouts_body(questions, recipe, collection, n_samples, sampling)
+        return Rollouts.model_validate(_check(self.http.post("/v1/rollouts", json=body)))
+
+    def switch_checkpoint(self, path: str) -> CheckpointSwitch:
+        """Serve the checkpoint folder ``path`` (on the service's machine) from now on."""
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        response = self.http.post("/v1/admin/checkpoint", json={"path": path}, headers=headers)
+        return CheckpointSwitch.model_validate(_check(response))
+
+    def model(self) -> str:
+        """The id of the served model (``GET /v1/models``)."""
+        return str(_check(self.http.get("/v1/models"))["data"][0]["id"])
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncPolicyClient:
+    """Async client for fan-out (evaluation, rollout collection)."""
+
+    def __init__(
+        self, base_url: str, admin_token: str | None = None, timeout: float = 300.0, **kwargs: Any
+    ) -> None:
+        self.admin_token = admin_token
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **kwargs)
+
+    async def answer(
+        self,
+        question: str,
+        recipe: str | None = None,
+        collection: str | None = None,
+        max_steps: int | None = None,
+        return_trace: bool = False,
+    ) -> Answer:
+        body = _answer_body(
+            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
+        )
+        return Answer.model_validate(_check(await self.http.post("/v1/answer", json=body)))
+
+    async def rollouts(
+        self,
+        questions: list[Question],
+        recipe: str,
+        collection: str,
+        n_samples: int = 1,
+        sampling: dict[str, Any] | None = None,
+    ) -> Rollouts:
+        body = _rollouts_body(questions, recipe, collection, n_samples, sampling)
+        return Rollouts.model_validate(_check(await self.http.post("/v1/rollouts", json=body)))
+
+    async def switch_checkpoint(self, path: str) -> CheckpointSwitch:
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        response = await self.http.post("/v1/admin/checkpoint", json={"path": path}, headers=headers)
+        return CheckpointSwitch.model_validate(_check(response))
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+__all__ = ["Answer", "AsyncPolicyClient", "CheckpointSwitch", "PolicyClient", "Rollouts", "ServiceError"]

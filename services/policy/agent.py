@@ -1,0 +1,271 @@
+"""The policy's agent work: ``/v1/answer`` and ``/v1/rollouts`` run recipes in-process.
+
+The episode runner (:mod:`hoprl.agent.runner`) talks to a model through ``chat()``; here that is
+:class:`EngineChat`, an adapter with :class:`hoprl.clients.llm.LLMClient`'s signature that calls the
+service's own engine instead of HTTP to itself. It restores stop text by the client's rule, so an
+episode served here equals one run against the service over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from starlette.concurrency import run_in_threadpool
+
+from hoprl.agent.runner import run_episode
+from hoprl.agent.tokens import to_token_trajectory
+from hoprl.agent.trajectory import Episode, TokenTrajectory
+from hoprl.clients.llm import Completion, restore_stop
+from hoprl.clients.retriever import AsyncRetrieverClient, ServiceError
+from hoprl.recipes import RECIPES, get_recipe
+from hoprl.schemas import Question
+from services.errors import ApiError
+from services.policy.engines import Engine, Generation, SamplingParams
+from services.policy.protocol import (
+    AnswerRequest,
+    AnswerResponse,
+    Citation,
+    Rollout,
+    RolloutRequest,
+    Timings,
+)
+from services.policy.settings import PolicySettings
+
+T = TypeVar("T")
+
+
+class EngineChat:
+    """``await EngineChat(engine).chat(messages, stop=[...])``: LLMClient's ``chat`` on the local engine.
+
+    Args:
+        deadline: ``time.monotonic()`` after which generation stops (the request's timeout).
+        logprobs: always ask the engine for log-probs (rollouts), whatever the runner asks.
+
+    Every call's generation is kept in ``calls`` (one per runner step, in order).
+    """
+
+    def __init__(self, engine: Engine, deadline: float | None = None, logprobs: bool = False) -> None:
+        self.engine, self.deadline, self.logprobs = engine, deadline, logprobs
+        self.calls: list[Generation] = []
+
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        stop: list[str] | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        n: int = 1,
+        logprobs: bool = False,
+    ) -> list[Completion]:
+        stop = list(stop or [])
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=n, stop=tuple(stop),
+            seed=seed, logprobs=logprobs or self.logprobs, deadline=self.deadline,
+        )  # fmt: skip
+        (gens,) = await run_in_threadpool(self.engine.generate, [messages], params)
+        usage = {
+            "prompt_tokens": gens[0].prompt_tokens,
+            "completion_tokens": sum(len(g.token_ids) for g in gens),
+        }
+        out = []
+        for g in gens:
+            appended = restore_stop(g.text, g.finish_reason, g.stop_reason, stop)
+            lps = list(zip(g.tokens, g.logprobs, strict=True)) if logprobs and g.logprobs else None
+            out.append(Completion(g.text + (appended or ""), g.finish_reason, appended, lps, usage))
+        self.calls.extend(gens)
+        return out
+
+
+class Policy:
+    """The service's state: settings, the engine, the retriever client and the admission count."""
+
+    def __init__(self, settings: PolicySettings, engine: Engine) -> None:
+        self.settings, self.engine = settings, engine
+        self.retriever = AsyncRetrieverClient(settings.retriever_url, timeout=settings.request_timeout_s)
+        self.in_flight = 0
+
+    @property
+    def model_id(self) -> str:
+        return self.settings.served_model_name or self.engine.model_path.rstrip("/").split("/")[-1]
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        """Count a generation request in; beyond ``max_concurrent_generations`` answer 429."""
+        if self.in_flight >= self.settings.max_concurrent_generations:
+            raise ApiError(
+                429, "busy", f"{self.in_flight} generation requests in flight, the limit is "
+                f"{self.settings.max_concurrent_generations} (POLICY_MAX_CONCURRENT_GENERATIONS); "
+                "retry later",
+            )  # fmt: skip
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    async def aclose(self) -> None:
+        await self.retriever.aclose()
+
+    # -- validation ----------------------------------------------------------------------------
+    def recipe(self, name: str) -> Any:
+        if name not in RECIPES:
+            raise ApiError(
+                422, "unknown_recipe", f"unknown recipe {name!r}; valid recipes: {sorted(RECIPES)}"
+            )
+        return get_recipe(name)
+
+    async def check_collection(self, name: str) -> None:
+        """Ask the retriever whether ``name`` exists: 404 naming it if not, 503 if it does not answer."""
+        try:
+            response = await self.retriever.http.get(f"/v1/collections/{quote(name, safe='')}")
+        except httpx.TransportError as exc:
+            raise ApiError(503, "retriever_unavailable", f"the retriever did not answer: {exc}") from None
+        if response.status_code == 404:
+            raise ApiError(
+                404, "collection_not_found",
+                f"collection {name!r} does not exist in the retriever at {self.settings.retriever_url}; "
+                "index documents into it first",
+            )  # fmt: skip
+        if response.status_code >= 400:
+            message = response.json().get("message", response.text)
+            raise ApiError(422, "invalid_collection", f"collection {name!r}: {message}")
+
+    def bounded(self, name: str, value: int, limit: int, setting: str) -> int:
+        if value > limit:
+            raise ApiError(422, f"{name}_too_large", f"{name}={value} exceeds the limit {limit} ({setting})")
+        return value
+
+    # -- episodes ------------------------------------------------------------------------------
+    async def episode(
+        self, recipe: Any, question: Question, collection: str, chat: EngineChat, **options: Any
+    ) -> Episode:
+        """One episode; retriever failures become 5xx JSON answers, model output never fails it."""
+        try:
+            return await run_episode(recipe, question, chat, self.retriever, collection, **options)
+        except httpx.TransportError as exc:
+            raise ApiError(503, "retriever_unavailable", f"the retriever did not answer: {exc}") from None
+        except ServiceError as exc:
+            raise ApiError(502, "retriever_error", f"the retriever answered {exc}") from None
+
+    async def answer(self, body: AnswerRequest) -> AnswerResponse:
+        s = self.settings
+        question = body.question.strip()
+        if not question:
+            raise ApiError(422, "empty_question", "question is empty; send at least one word")
+        self.bounded("question_chars", len(question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
+        recipe = self.recipe(body.recipe or s.default_recipe)
+        max_steps = self.bounded("max_steps", body.max_steps or s.max_steps, s.max_steps, "POLICY_MAX_STEPS")
+        collection = body.collection or s.default_collection
+        await self.check_collection(collection)
+        q = Question(id=uuid.uuid4().hex, dataset="api", split="serve", question=question)
+        chat = EngineChat(self.engine, deadline=time.monotonic() + s.request_timeout_s)
+        with self.admitted():
+            run = self.episode(
+                recipe, q, collection, chat, max_steps=max_steps, temperature=0.0,
+                max_new_tokens_per_step=s.max_tokens_per_step, token_budget=s.token_budget,
+            )  # fmt: skip
+            ep = await within(s.request_timeout_s, run)
+        return AnswerResponse(
+            answer=ep.final_answer,
+            refused=ep.refused,
+            citations=citations(ep),
+            steps=ep.steps if body.return_trace else None,
+            timings=Timings(
+                retrieval_s=ep.timings.get("retrieval", 0.0),
+                generation_s=ep.timings.get("generation", 0.0),
+                total_s=ep.timings.get("total", 0.0),
+            ),
+            recipe=recipe.name,
+            outcome=ep.outcome,
+            model=self.model_id,
+        )
+
+    async def rollouts(self, body: RolloutRequest) -> list[Rollout]:
+        s, sp = self.settings, body.sampling
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ApiError(422, "no_tokenizer", "rollouts need a tokenizer: set POLICY_TOKENIZER")
+        recipe = self.recipe(body.recipe)
+        total = len(body.questions) * body.n_samples
+        if total > s.max_rollouts:
+            raise ApiError(
+                413, "batch_too_large",
+                f"{total} episodes (questions x n_samples) in one request; the limit is {s.max_rollouts}",
+            )  # fmt: skip
+        self.bounded("max_tokens", sp.max_tokens, s.max_tokens_per_step, "POLICY_MAX_TOKENS_PER_STEP")
+        self.bounded("max_steps", sp.max_steps, s.max_steps, "POLICY_MAX_STEPS")
+        budget = self.bounded(
+            "token_budget", sp.token_budget or s.token_budget, s.token_budget, "POLICY_TOKEN_BUDGET"
+        )
+        await self.check_collection(body.collection)
+        deadline = time.monotonic() + s.request_timeout_s
+        options = {
+            "max_steps": sp.max_steps, "max_new_tokens_per_step": sp.max_tokens, "token_budget": budget,
+            "temperature": sp.temperature, "top_p": sp.top_p, "seed": sp.seed, "search_mode": sp.search_mode,
+        }  # fmt: skip
+
+        async def one(question: Question, sample: int) -> Rollout:
+            chat = EngineChat(self.engine, deadline=deadline, logprobs=True)
+            ep = await self.episode(recipe, question, body.collection, chat, sample=sample, **options)
+            traj = to_token_trajectory(ep, tokenizer)
+            traj.logprobs = aligned_logprobs(traj, ep, chat.calls)
+            return Rollout(episode=ep, trajectory=traj)
+
+        with self.admitted():
+            jobs = [one(q, i) for q in body.questions for i in range(body.n_samples)]
+            return list(await within(s.request_timeout_s, asyncio.gather(*jobs)))
+
+
+def citations(episode: Episode) -> list[Citation]:
+    """Every document the episode retrieved, first occurrence first."""
+    seen: dict[str, Citation] = {}
+    for step in episode.steps:
+        for docs in step.docs:
+            for d in docs:
+                seen.setdefault(d.id, Citation(doc_id=d.id, title=d.title))
+    return list(seen.values())
+
+
+def aligned_logprobs(traj: TokenTrajectory, episode: Episode, calls: list[Generation]) -> list[float] | None:
+    """Per completion token: the engine's log-prob on mask-1 tokens, 0.0 elsewhere.
+
+    The trajectory's tokens are the canonical tokenization of the episode's text; they carry the
+    engine's log-probs only where each step's tokens are exactly the ids the engine generated
+    (not so when a stop text was re-appended that the model did not emit, or when the model chose
+    a non-canonical tokenization). Otherwise ``None``: the trainer recomputes them.
+    """
+    runs: list[tuple[int, int]] = []
+    for i, m in enumerate(traj.mask):
+        if m and (not runs or runs[-1][1] != i):
+            runs.append((i, i + 1))
+        elif m:
+            runs[-1] = (runs[-1][0], i + 1)
+    generated = [g for g, step in zip(calls, episode.steps, strict=False) if step.text]
+    if len(calls) != len(episode.steps) or len(runs) != len(generated):
+        return None
+    out = [0.0] * len(traj.completion_ids)
+    for (start, end), gen in zip(runs, generated, strict=True):
+        if gen.logprobs is None or traj.completion_ids[start:end] != gen.token_ids:
+            return None
+        out[start:end] = gen.logprobs
+    return out
+
+
+async def within(seconds: float, awaitable: Awaitable[T]) -> T:
+    """``awaitable``'s result, or 504 with a JSON body once ``seconds`` have passed."""
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except TimeoutError:
+        raise ApiError(
+            504, "timeout", f"the request took longer than {seconds:g} s (POLICY_REQUEST_TIMEOUT_S)"
+        ) from None

@@ -1,0 +1,89 @@
+"""The policy service: ``uvicorn services.policy.app:app`` or ``hoprl serve policy``.
+
+The model loads at startup (the first start converts the bundled GGUF model once, ~20 s; later
+starts load the cached dense copy in under a second).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+import hoprl
+from services.errors import error_response, install_error_handlers
+from services.policy.agent import Policy
+from services.policy.engines import Engine, OpenAIEngine, TransformersEngine, VllmEngine
+from services.policy.model import resolve_model
+from services.policy.routes import router
+from services.policy.settings import PolicySettings
+
+
+def create_engine(settings: PolicySettings) -> Engine:
+    """The engine ``settings.engine`` names, loaded with ``settings.model`` (or the default model)."""
+    if settings.engine == "openai":
+        if not settings.openai_base_url:
+            raise ValueError("POLICY_ENGINE=openai needs POLICY_OPENAI_BASE_URL (the remote's /v1 root)")
+        key = settings.openai_api_key.get_secret_value()
+        return OpenAIEngine(settings.openai_base_url, key, settings.model, settings.tokenizer)
+    path = resolve_model(settings.model, settings.model_cache)
+    if settings.engine == "vllm":
+        return VllmEngine(path, settings.dtype, settings.gpu_memory_utilization)
+    return TransformersEngine(path, settings.dtype, settings.torch_threads, settings.max_batch)
+
+
+def create_app(settings: PolicySettings | None = None) -> FastAPI:
+    settings = settings or PolicySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = await run_in_threadpool(create_engine, settings)
+        app.state.policy = Policy(settings, engine)
+        try:
+            yield
+        finally:
+            await app.state.policy.aclose()
+            engine.close()
+
+    app = FastAPI(
+        title="hoprl policy",
+        version=hoprl.__version__,
+        description="The policy model served: OpenAI-compatible completions, /v1/answer for apps "
+        "(a recipe's agent loop against the retriever), token-level rollouts, checkpoint switching.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(router)
+
+    @app.get("/healthz", operation_id="healthz")
+    def healthz() -> dict[str, str]:
+        """The process is alive (no dependency is called)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", operation_id="readyz", responses={503: {"description": "not ready"}})
+    async def readyz() -> JSONResponse:
+        """The model is loaded and the retriever answers its /readyz."""
+        policy: Policy | None = getattr(app.state, "policy", None)
+        if policy is None:
+            return error_response(503, "not_ready", "the model is still loading", {"model": False})
+        try:
+            response = await policy.retriever.http.get("/readyz", timeout=5.0)
+            retriever = "ready" if response.status_code == 200 else f"HTTP {response.status_code}"
+        except httpx.TransportError as exc:
+            retriever = f"unreachable ({type(exc).__name__})"
+        if retriever != "ready":
+            return error_response(
+                503, "retriever_unavailable",
+                f"the retriever at {settings.retriever_url} is not ready: {retriever}",
+                {"model": True, "retriever": retriever},
+            )  # fmt: skip
+        return JSONResponse({"status": "ready", "model": policy.model_id, "engine": settings.engine})
+
+    return app
+
+
+app = create_app()

@@ -1,0 +1,63 @@
+"""Policy settings: environment variables with the ``POLICY_`` prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EngineName = Literal["transformers", "vllm", "openai"]
+
+
+class PolicySettings(BaseSettings):
+    """Which model is served by which engine, where the retriever is, and the request limits.
+
+    Every field reads ``POLICY_<FIELD>`` (e.g. ``POLICY_ENGINE=vllm``). ``admin_token`` has no
+    default: while it is unset, ``POST /v1/admin/checkpoint`` answers 403.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="POLICY_", extra="forbid")
+
+    model: str | None = Field(
+        None,
+        description="HF id or local checkpoint folder; unset = the bundled SmolLM2-135M-Instruct "
+        "(dense copy cached at model_cache)",
+    )
+    model_cache: Path = Field(
+        Path(".hoprl/models/smollm2-135m-instruct"), description="dense copy of the bundled model"
+    )
+    served_model_name: str | None = Field(
+        None, description="the id /v1/models reports; unset = the checkpoint folder's name"
+    )
+    engine: EngineName = "transformers"
+    torch_threads: int = Field(1, ge=1, description="torch threads for decoding (1 is fastest on 2 cores)")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    openai_base_url: str | None = Field(None, description="the remote root for engine=openai, e.g. .../v1")
+    openai_api_key: SecretStr = Field(SecretStr("EMPTY"), description="key sent to openai_base_url")
+    tokenizer: str | None = Field(
+        None, description="tokenizer for /v1/rollouts with engine=openai (HF id or folder)"
+    )
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="engine=vllm only")
+
+    retriever_url: str = Field("http://127.0.0.1:8001", description="the retriever /v1/answer searches")
+    default_collection: str = Field("default", description="collection when a request names none")
+    default_recipe: str = Field("search-r1", description="recipe when a request names none")
+
+    max_question_chars: int = Field(2_000, ge=1)
+    max_prompt_chars: int = Field(32_000, ge=1, description="total message/prompt characters per request")
+    max_tokens: int = Field(512, ge=1, description="the largest max_tokens a request may ask for")
+    max_n: int = Field(16, ge=1, description="the largest n (choices per request)")
+    max_steps: int = Field(10, ge=1, description="agent steps per /v1/answer episode at most")
+    max_tokens_per_step: int = Field(256, ge=1, description="new tokens per agent step")
+    token_budget: int = Field(2048, ge=1, description="context growth per episode (tokens)")
+    max_rollouts: int = Field(256, ge=1, description="questions x n_samples per /v1/rollouts request")
+    request_timeout_s: float = Field(120.0, gt=0, description="/v1/answer and /v1/rollouts -> 504 after it")
+    max_concurrent_generations: int = Field(
+        64, ge=1, description="generation requests admitted at once (running + queued); more -> 429"
+    )
+    max_batch: int = Field(16, ge=1, description="sequences the engine decodes together at most")
+
+    # A secret never has a default value: unset, the admin routes are disabled (403).
+    admin_token: SecretStr | None = Field(None, description="bearer token of /v1/admin/*; unset = disabled")

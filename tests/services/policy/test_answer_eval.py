@@ -1,0 +1,37 @@
+"""``hoprl.answer_eval``: EM / F1 / retrieval count / latency through /v1/answer."""
+
+from __future__ import annotations
+
+from hoprl.answer_eval import evaluate_answers
+from hoprl.schemas import Paragraph, Question
+from services.policy.app import create_app
+
+from .conftest import small_settings
+
+QUESTIONS = [
+    Question(
+        id=f"q{i}", dataset="tiny", split="dev", question=q, answers=[a],
+        paragraphs=[Paragraph(title=t, text=x, is_gold=True), Paragraph(title="Brio", text="Brio cars.")],
+    )
+    for i, (q, a, t, x) in enumerate([
+        ("Who founded Acme Records?", "Jane Roe", "Acme Records", "Acme Records was founded by Jane Roe."),
+        ("What is the capital of Ostland?", "Velmora", "Ostland", "Velmora is the capital of Ostland."),
+        ("How long is the Ansk?", "412 km", "Ansk", "The Ansk is a river of 412 km."),
+    ])
+]  # fmt: skip
+
+
+def test_evaluate_answers_in_process_app(indexed: str, model_path: str) -> None:
+    app = create_app(small_settings(indexed, model_path))
+    report = evaluate_answers(app, indexed, QUESTIONS, recipe="naive-rag", limit=2)
+    assert report["questions"] == 2 and report["errors"] == 0
+    assert report["collection"].startswith("eval-")
+    assert 0 <= report["em"] <= report["f1"] <= 1
+    assert report["retrieval_count"] == 1.0  # naive-rag retrieves once, with the question
+    assert 0 < report["latency_p50_s"] <= report["latency_p99_s"]
+    assert [p["id"] for p in report["predictions"]] == ["q0", "q1"]
+
+
+def test_evaluate_answers_over_a_url_counts_failures(policy_url: str, indexed: str) -> None:
+    report = evaluate_answers(policy_url, indexed, QUESTIONS[:1], recipe="naive-rag", collection="missing")
+    assert report["errors"] == 1 and report["outcomes"] == {"error": 1} and report["em"] == 0

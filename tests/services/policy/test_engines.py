@@ -1,0 +1,118 @@
+"""The engines behind one interface: transformers (in process), OpenAI (remote), vLLM (GPU only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+
+import pytest
+
+from services.policy.engines import (
+    OpenAIEngine,
+    SamplingParams,
+    TransformersEngine,
+    VllmEngine,
+    find_stop,
+)
+
+CHAT = [{"role": "user", "content": "Name three colors."}]
+GREEDY = SamplingParams(max_tokens=12, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: str) -> TransformersEngine:
+    return TransformersEngine(model_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "stop", "expected"),
+    [
+        ("a</search> b", ["</search>"], (1, "</search>")),
+        ("x.y!", ["!", "."], (1, ".")),
+        ("no stop", ["</answer>"], None),
+        ("ab", [], None),
+    ],
+)
+def test_find_stop(text: str, stop: list[str], expected: tuple[int, str] | None) -> None:
+    assert find_stop(text, stop) == expected
+
+
+def test_batched_greedy_equals_one_by_one(engine: TransformersEngine) -> None:
+    """Left padding keeps each row's greedy output what it is alone."""
+    prompts = [CHAT, [{"role": "user", "content": "Where is Paris? Answer briefly."}]]
+    alone = [engine.generate([p], GREEDY)[0][0].text for p in prompts]
+    together = [g[0].text for g in engine.generate(prompts, GREEDY)]
+    assert together == alone
+
+
+def test_stop_string_cut_and_ids_kept(engine: TransformersEngine) -> None:
+    (g,) = engine.generate(
+        ["The capital of France is"], SamplingParams(max_tokens=12, temperature=0, stop=(".",))
+    )[0]
+    assert g.finish_reason == "stop" and g.stop_reason == "." and "." not in g.text
+    tok = engine.tokenizer
+    assert tok.decode(g.token_ids).startswith(g.text + ".")  # ids run through the stop string
+
+
+def test_concurrent_callers_share_batches(engine: TransformersEngine) -> None:
+    results: list[str] = []
+
+    def call(i: int) -> None:
+        prompt = [{"role": "user", "content": f"Count to {i}."}]
+        results.append(engine.generate([prompt], GREEDY)[0][0].text)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and all(results)
+
+
+def test_deadline_bounds_the_work(engine: TransformersEngine) -> None:
+    """A passed deadline stops decoding after the token in progress (finish_reason 'length')."""
+    params = SamplingParams(max_tokens=200, temperature=0, deadline=time.monotonic() - 1)
+    (g,) = engine.generate([CHAT], params)[0]
+    assert g.finish_reason == "length" and len(g.token_ids) == 1
+
+
+def test_prompt_beyond_the_context_is_a_value_error(engine: TransformersEngine) -> None:
+    with pytest.raises(ValueError, match="context"):
+        engine.generate(["word " * 9000], GREEDY)
+
+
+def test_openai_engine_forwards_to_a_compatible_server(policy_url: str, engine: TransformersEngine) -> None:
+    """The OpenAI engine against our own policy service: same greedy text as the local engine."""
+    remote = OpenAIEngine(f"{policy_url}/v1", "unused", None)
+    assert remote.model_path == "smollm2-135m-instruct"
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    (got,) = remote.generate([CHAT], params)[0]
+    (local,) = engine.generate([CHAT], params)[0]
+    assert got.text == local.text and got.finish_reason == local.finish_reason
+    assert got.logprobs == pytest.approx(local.logprobs, abs=1e-4)
+    (text,) = remote.generate(
+        ["The capital of France is"], SamplingParams(max_tokens=8, temperature=0, stop=(".",))
+    )[0]
+    assert text.stop_reason == "." and text.prompt_tokens > 0
+    remote.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is a GPU-only extra (pip install hoprl[gpu])"
+)
+def test_vllm_engine_matches_the_interface(model_path: str) -> None:
+    engine = VllmEngine(model_path, gpu_memory_utilization=0.3)
+    (g,) = engine.generate([CHAT], SamplingParams(max_tokens=8, temperature=0, logprobs=True, stop=(".",)))[0]
+    assert (
+        g.text
+        and g.finish_reason in ("stop", "length")
+        and g.logprobs
+        and len(g.logprobs) == len(g.token_ids)
+    )
+    outs = engine.generate(["The capital of France is"], SamplingParams(max_tokens=8, n=2, seed=1))
+    assert len(outs[0]) == 2
+    engine.load(model_path)
+    assert engine.model_path == model_path
+    engine.close()

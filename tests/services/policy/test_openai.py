@@ -1,0 +1,117 @@
+"""The OpenAI-compatible routes, driven by the official ``openai`` client (sync and streaming)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+MODEL = "smollm2-135m-instruct"
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
+
+
+@pytest.fixture(scope="module")
+def client(policy_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{policy_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    (card,) = client.models.list().data
+    assert card.id == MODEL
+    assert (card.model_extra or {})["root"].endswith("smollm2-135m-instruct")
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 8
+    assert reply.usage.prompt_tokens > 10  # the chat template's system turn is counted
+
+
+def test_chat_stream_equals_the_whole_reply(client: openai.OpenAI) -> None:
+    kwargs = {"model": MODEL, "messages": HELLO, "max_tokens": 10, "temperature": 0}
+    whole = client.chat.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 3 and text == whole.message.content
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
+def test_completion_and_stream(client: openai.OpenAI) -> None:
+    kwargs = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
+    whole = client.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+    assert whole.text.strip()
+    chunks = list(client.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.text
+
+
+def test_stop_is_cut_and_named(client: openai.OpenAI) -> None:
+    reply = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0, stop=["."]
+    ).choices[0]
+    assert reply.finish_reason == "stop" and "." not in reply.text
+    assert (reply.model_extra or {})["stop_reason"] == "."
+
+
+def test_n_choices_and_seed_determinism(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> list[str]:
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=8,
+            temperature=1.0,
+            n=3,
+            seed=seed,
+        )
+        assert [c.index for c in reply.choices] == [0, 1, 2]
+        return [c.message.content or "" for c in reply.choices]
+
+    first = sample(7)
+    assert sample(7) == first
+    assert len(set(first)) > 1 or sample(8) != first  # sampled choices differ
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    ).choices[0]
+    assert chat.logprobs is not None and chat.logprobs.content
+    first = chat.logprobs.content[0]
+    assert first.logprob <= 0 and len(first.top_logprobs) == 3
+    # Greedy decoding picks the most likely token: the chosen one tops the list.
+    assert first.top_logprobs[0].token == first.token
+    assert "".join(t.token for t in chat.logprobs.content) == chat.message.content
+    text = client.completions.create(model=MODEL, prompt="One, two,", max_tokens=4, logprobs=2).choices[0]
+    assert text.logprobs is not None and len(text.logprobs.token_logprobs or []) == len(
+        text.logprobs.tokens or []
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        ({"model": "gpt-4", "messages": HELLO}, 404, "model_not_found"),
+        ({"messages": HELLO, "max_tokens": 10_000}, 422, "max_tokens_too_large"),
+        ({"messages": HELLO, "n": 99}, 422, "n_too_large"),
+        ({"messages": []}, 422, "invalid_request"),
+        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 422, "prompt_too_long"),
+        ({"messages": HELLO, "stop": [""]}, 422, "invalid_stop"),
+    ],
+)
+def test_chat_rejects_with_json(policy_url: str, body: dict[str, object], status: int, error: str) -> None:
+    response = httpx.post(f"{policy_url}/v1/chat/completions", json=body)
+    assert response.status_code == status, response.text
+    assert response.json()["error"] == error
+
+
+def test_completion_rejects_empty_prompt(policy_url: str) -> None:
+    response = httpx.post(f"{policy_url}/v1/completions", json={"prompt": "  "})
+    assert response.status_code == 422 and response.json()["error"] == "empty_prompt"

@@ -1,0 +1,65 @@
+"""``POST /v1/rollouts``: token-level trajectories whose masks and ids agree with the episodes."""
+
+from __future__ import annotations
+
+import httpx
+from transformers import AutoTokenizer
+
+from hoprl.clients.policy import PolicyClient
+from hoprl.schemas import Paragraph, Question
+
+from .conftest import COLLECTION
+
+QUESTIONS = [
+    Question(
+        id="q1", dataset="tiny", split="dev", question="Who founded Acme Records?", answers=["Jane Roe"],
+        paragraphs=[Paragraph(title="Acme Records", text="Founded by Jane Roe.", is_gold=True)],
+        gold_titles=["Acme Records"],
+    ),
+    Question(id="q2", dataset="tiny", split="dev", question="Where is Velmora?", answers=["Ostland"]),
+]  # fmt: skip
+
+
+def test_rollouts_masks_ids_and_logprobs(policy_url: str, model_path: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    sampling = {"temperature": 1.0, "max_tokens": 16, "max_steps": 2}  # unseeded: episodes share batches
+    with PolicyClient(policy_url) as policy:
+        reply = policy.rollouts(QUESTIONS, "search-r1", COLLECTION, n_samples=2, sampling=sampling)
+    assert [(r.episode.question_id, r.episode.sample) for r in reply.rollouts] == [
+        ("q1", 0), ("q1", 1), ("q2", 0), ("q2", 1),
+    ]  # fmt: skip
+    with_logprobs = 0
+    for rollout in reply.rollouts:
+        ep, traj = rollout.episode, rollout.trajectory
+        assert len(traj.mask) == len(traj.completion_ids) and traj.prompt_ids
+        generated = [t for t, m in zip(traj.completion_ids, traj.mask, strict=True) if m]
+        assert tokenizer.decode(generated) == "".join(s.text for s in ep.steps)
+        assert str(tokenizer.decode(traj.prompt_ids)).startswith("<|im_start|>system")
+        if traj.logprobs is not None:
+            with_logprobs += 1
+            assert len(traj.logprobs) == len(traj.completion_ids)
+            on_policy = [lp for lp, m in zip(traj.logprobs, traj.mask, strict=True) if m]
+            assert all(lp <= 0 for lp in on_policy) and any(lp < 0 for lp in on_policy)
+            assert all(lp == 0 for lp, m in zip(traj.logprobs, traj.mask, strict=True) if not m)
+    # The engine's own ids match the canonical tokenization in the common case.
+    assert with_logprobs >= 1
+
+
+def test_seeded_rollouts_repeat(policy_url: str) -> None:
+    sampling = {"temperature": 1.0, "max_tokens": 12, "max_steps": 1, "seed": 3}
+    with PolicyClient(policy_url) as policy:
+        first, again = (
+            policy.rollouts(QUESTIONS[:1], "search-r1", COLLECTION, sampling=sampling) for _ in "ab"
+        )
+    assert [r.episode.steps for r in again.rollouts] == [r.episode.steps for r in first.rollouts]
+    assert again.rollouts[0].trajectory == first.rollouts[0].trajectory
+
+
+def test_rollouts_reject_too_many_and_bad_limits(policy_url: str) -> None:
+    body = {"questions": [q.model_dump() for q in QUESTIONS], "recipe": "search-r1", "collection": COLLECTION}
+    too_many = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "n_samples": 5})
+    assert too_many.status_code == 413 and too_many.json()["error"] == "batch_too_large"
+    long_steps = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "sampling": {"max_tokens": 999}})
+    assert long_steps.status_code == 422 and "POLICY_MAX_TOKENS_PER_STEP" in long_steps.json()["message"]
+    unknown = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "recipe": "nope"})
+    assert unknown.status_code == 422 and unknown.json()["error"] == "unknown_recipe"
