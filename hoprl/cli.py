@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from fastapi import FastAPI
 from rich.console import Console
 from rich.table import Table
 
@@ -95,6 +96,58 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_answers(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from hoprl.answer_eval import evaluate_answers
+    from hoprl.data.sources import load
+
+    questions = load(args.data, split=args.split)
+    with ExitStack() as stack:
+        retriever_url = args.retriever_url
+        if not retriever_url:
+            from services.local import LocalServer
+            from services.retriever.app import create_app as retriever_app
+
+            retriever_url = stack.enter_context(LocalServer(retriever_app())).url
+        policy: str | FastAPI = args.policy_url
+        if not policy:
+            from services.policy.app import create_app as policy_app
+            from services.policy.settings import PolicySettings
+
+            policy = policy_app(PolicySettings(retriever_url=retriever_url))
+        rows = []
+        for recipe in args.recipe:
+            console.print(f"answering {args.limit or len(questions)} questions with {recipe}")
+            report = evaluate_answers(
+                policy,
+                retriever_url,
+                questions,
+                recipe=recipe,
+                limit=args.limit,
+                concurrency=args.concurrency,
+            )
+            report.pop("predictions")
+            rows.append(report)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table(title=f"answers on {args.data}")
+    for column in ("recipe", "EM", "F1", "retrievals", "p50 s", "errors"):
+        table.add_column(column, justify="left" if column == "recipe" else "right")
+    for r in rows:
+        table.add_row(
+            r["recipe"],
+            f"{100 * r['em']:.1f}",
+            f"{100 * r['f1']:.1f}",
+            f"{r['retrieval_count']:.2f}",
+            f"{r['latency_p50_s']:.2f}",
+            str(r["errors"]),
+        )
+    Console(width=max(100, Console().width)).print(table)
+    return 0
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from hoprl.data.synthetic import generate, write_jsonl
 
@@ -167,6 +220,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     ev.set_defaults(func=cmd_eval_retrieval)
+
+    ans = sub.add_parser(
+        "eval-answers",
+        help="answer questions through the policy service; EM/F1 per recipe",
+        description="Send each question to POST /v1/answer (the policy runs the recipe's "
+        "agent loop against the retriever) and report EM, F1, retrieval count and latency. "
+        "Without URLs, a retriever and the default policy model are started in-process.",
+    )
+    ans.add_argument("--data", required=True, help="common-schema JSONL path, 'synthetic', or a hub name")
+    ans.add_argument("--split", default="dev")
+    ans.add_argument("--recipe", nargs="+", default=["naive-rag"], help="one or more recipe names")
+    ans.add_argument("--limit", type=int, default=200, help="first N questions (a fixed sample)")
+    ans.add_argument("--concurrency", type=int, default=4)
+    ans.add_argument("--policy-url", default=None)
+    ans.add_argument("--retriever-url", default=None)
+    ans.add_argument("--json", action="store_true", help="print the reports as one JSON list")
+    ans.set_defaults(func=cmd_eval_answers)
 
     syn = sub.add_parser("synth", help="write the synthetic multi-hop world as JSONL files")
     syn.add_argument("--seed", type=int, default=0)
