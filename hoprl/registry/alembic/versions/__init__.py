@@ -1,0 +1,1 @@
+"""Registry migrations, one module per revision; Alembic skips this file."""
