@@ -24,6 +24,7 @@ SERVICES = {
     "retriever": "services.retriever.app:app",
     "policy": "services.policy.app:app",
     "judge": "services.judge.app:app",
+    "trainer": "services.trainer.app:app",
 }
 DEFAULT_PORTS = {"retriever": 8001, "policy": 8002, "judge": 8003, "trainer": 8004}
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from services.judge.app import create_app as judge_app
 from services.policy.app import create_app as policy_app
 from services.retriever.app import create_app as retriever_app
+from services.trainer.app import create_app as trainer_app
 
-APPS = {"retriever": retriever_app, "policy": policy_app, "judge": judge_app}
+APPS = {"retriever": retriever_app, "policy": policy_app, "judge": judge_app, "trainer": trainer_app}
 
 
 def main(out: str = "openapi") -> None:

@@ -1,0 +1,215 @@
+"""Training benchmarks for the trainer's targets (CPU by default; long versions are for an idle box).
+
+    # 1. GRPO step wall time with and without multi-turn retrieval, in one run
+    python bench/train.py step-time --steps 3
+    # 2. SFT warm start, then GRPO with when-to-search on the synthetic world; dev EM and
+    #    retrieval count for SFT-only and for SFT+GRPO at the end of stage 1 and of stage 2
+    python bench/train.py when-to-search --sft-steps 300 --grpo-steps 200 --switch-step 100 --dev 150
+    # 3. SFT warm start, then GRPO with arena on real data; EM/F1 on a fixed hotpotqa_dev sample
+    python bench/train.py arena --train ../shared/data/hotpotqa_train.jsonl \
+        --dev ../shared/data/hotpotqa_dev.jsonl --sft-steps 300 --grpo-steps 100 --dev-n 150
+
+Each training phase is a real trainer job (:func:`services.trainer.jobs.submit` +
+:func:`~services.trainer.jobs.run_job`, the code a worker runs) recorded in a registry under
+``--out`` (default ``.hoprl/bench/train``), with a retriever started in-process on embedded
+storage. Evaluation rolls out greedily (temperature 0) with the policy service's transformers
+engine, one sample per question, and pairs questions for the bootstrap p-value. Results are
+printed and written to ``<out>/<command>.json``. Short runs prove the pipeline; the targets need
+the long commands above. The machine is usually shared: compare numbers within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hoprl.agent.runner import run_episodes
+from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.data.sources import load
+from hoprl.metrics.answer import exact_match, f1
+from hoprl.metrics.stats import paired_bootstrap
+from hoprl.recipes import get_recipe
+from hoprl.registry.store import Registry
+from hoprl.schemas import Question
+from services.local import LocalServer
+from services.policy.agent import EngineChat
+from services.policy.engines import TransformersEngine
+from services.retriever.app import create_app
+from services.retriever.settings import RetrieverSettings
+from services.trainer.jobs import ensure_collection, run_job, submit
+from services.trainer.protocol import Hyperparameters, JobRequest
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger("bench.train")
+
+
+def train(registry: Registry, settings: TrainerSettings, request: JobRequest) -> tuple[str, str]:
+    """Run one job to the end in this process; returns (run id, final checkpoint folder)."""
+    run_id = submit(registry, request).id
+    registry.set_run_status(run_id, "running")
+    run_job(run_id, settings, registry)
+    registry.set_run_status(run_id, "succeeded")
+    latest = registry.latest_checkpoint(run_id)
+    assert latest is not None
+    return run_id, latest.path
+
+
+def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_url: str, collection: str,
+             recipe_config: dict[str, Any], max_turns: int, tokens: int) -> dict[str, Any]:  # fmt: skip
+    """Greedy episodes of checkpoint ``path``: per-question EM, F1 and retrieval count."""
+    engine = TransformersEngine(path, threads=1)
+    recipe = get_recipe(recipe_name, **recipe_config)
+
+    async def run() -> list[Any]:
+        retriever = AsyncRetrieverClient(retriever_url)
+        try:
+            return await run_episodes(recipe, questions, EngineChat(engine), retriever, collection,
+                                      max_steps=max_turns, max_new_tokens_per_step=tokens,
+                                      token_budget=4 * tokens * max_turns, temperature=0.0)  # fmt: skip
+        finally:
+            await retriever.aclose()
+
+    episodes = asyncio.run(run())
+    em = [exact_match(e.final_answer or "", e.answers) if e.answers else float(e.refused) for e in episodes]
+    f1s = [f1(e.final_answer or "", e.answers) if e.answers else float(e.refused) for e in episodes]
+    rc = [float(e.retrieval_count) for e in episodes]
+    engine.close()
+    return {"em": em, "f1": f1s, "rc": rc, "EM": 100 * sum(em) / len(em), "F1": 100 * sum(f1s) / len(f1s),
+            "retrievals": sum(rc) / len(rc)}  # fmt: skip
+
+
+def summary(name: str, scores: dict[str, Any]) -> dict[str, Any]:
+    return {"model": name, "EM": round(scores["EM"], 1), "F1": round(scores["F1"], 1),
+            "retrievals": round(scores["retrievals"], 2)}  # fmt: skip
+
+
+def step_time(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
+    """GRPO steps of the default model: search-r1 multi-turn (retrieval between turns) vs the same
+    recipe cut to one turn (no injected retrieval), same questions, same sampling."""
+    out = {}
+    for label, turns in (("multi-turn retrieval", args.turns), ("single turn, no retrieval", 1)):
+        hp = Hyperparameters(questions_per_step=args.questions, num_generations=args.generations,
+                             max_turns=turns, max_new_tokens_per_step=args.tokens,
+                             token_budget=args.tokens * turns * 4, save_steps=1000)  # fmt: skip
+        request = JobRequest(recipe="search-r1", dataset="synthetic", steps=args.steps, hyperparameters=hp)
+        run_id, _ = train(registry, settings, request)
+        series = {k: [v for _, v in registry.metric_series(run_id, k)]
+                  for k in ("step_time", "rollout_s", "retrieval_s", "generation_s")}  # fmt: skip
+        out[label] = {k: round(sum(v) / len(v), 3) for k, v in series.items() if v}
+        rows = registry.episodes(run_id)
+        searches = sum(len(s["queries"]) for r in rows for s in r.trajectory["steps"])
+        out[label]["searches_per_episode"] = round(searches / max(len(rows), 1), 2)
+    return out
+
+
+def when_to_search(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
+    cfg = {"switch_step": args.switch_step}
+    common = {"max_turns": args.turns, "max_new_tokens_per_step": args.tokens, "recipe_config": cfg}
+    sft = JobRequest(
+        recipe="when-to-search",
+        objective="sft",
+        dataset="synthetic",
+        steps=args.sft_steps,
+        hyperparameters=Hyperparameters(questions_per_step=4, save_steps=args.sft_steps, **common),
+    )
+    sft_id, sft_path = train(registry, settings, sft)
+    hp = Hyperparameters(
+        questions_per_step=args.questions,
+        num_generations=args.generations,
+        save_steps=args.switch_step,
+        token_budget=args.tokens * args.turns * 4,
+        **common,
+    )
+    grpo = JobRequest(recipe="when-to-search", objective="dapo", model=sft_id, dataset="synthetic",
+                      steps=args.grpo_steps, hyperparameters=hp)  # fmt: skip
+    grpo_id, _ = train(registry, settings, grpo)
+    dev = load("synthetic", "dev")[: args.dev]
+    collection = ensure_collection(grpo, load("synthetic", "train") + load("synthetic", "dev"), settings)
+    stage1 = next((c.path for c in registry.checkpoints(grpo_id) if c.step == args.switch_step), None)
+    final = registry.latest_checkpoint(grpo_id).path  # type: ignore[union-attr]
+    models = (("sft", sft_path), ("grpo_stage1", stage1), ("grpo_stage2", final))
+    url = settings.retriever_url
+    ev = {
+        name: evaluate(p, "when-to-search", dev, url, collection, cfg, args.turns, args.tokens)
+        for name, p in models
+        if p
+    }
+    out: dict[str, Any] = {"table": [summary(k, v) for k, v in ev.items()]}
+    for k in ("grpo_stage1", "grpo_stage2"):
+        if k in ev:
+            out[f"p_value EM {k} vs sft"] = paired_bootstrap(ev[k]["em"], ev["sft"]["em"]).p_value
+    out["reward_curve"] = registry.metric_series(grpo_id, "reward")
+    return out
+
+
+def arena(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
+    common = {"max_turns": 1, "max_new_tokens_per_step": args.tokens, "token_budget": args.tokens}
+    sft = JobRequest(
+        recipe="arena",
+        objective="sft",
+        dataset=args.train,
+        steps=args.sft_steps,
+        hyperparameters=Hyperparameters(questions_per_step=2, save_steps=args.sft_steps, **common),
+    )
+    sft_id, sft_path = train(registry, settings, sft)
+    hp = Hyperparameters(questions_per_step=args.questions, save_steps=args.grpo_steps,
+                         num_generations=args.generations, **common)  # fmt: skip
+    grpo = JobRequest(recipe="arena", objective="grpo", model=sft_id, dataset=args.train,
+                      steps=args.grpo_steps, hyperparameters=hp)  # fmt: skip
+    grpo_id, grpo_path = train(registry, settings, grpo)
+    pool = load(args.dev_file)
+    dev = pool[:: max(1, len(pool) // args.dev_n)][: args.dev_n]  # a fixed, evenly spaced sample
+    untrained = settings.default_model or str(settings.model_cache)
+    ev = {name: evaluate(p, "arena", dev, settings.retriever_url, "unused", {}, 1, args.tokens)
+          for name, p in (("untrained", untrained), ("sft", sft_path), ("sft+grpo", grpo_path))}  # fmt: skip
+    return {"table": [summary(k, v) for k, v in ev.items()],
+            "p_value F1 sft+grpo vs sft": paired_bootstrap(ev["sft+grpo"]["f1"], ev["sft"]["f1"]).p_value,
+            "reward_curve": registry.metric_series(grpo_id, "reward")}  # fmt: skip
+
+
+COMMANDS = {"step-time": step_time, "when-to-search": when_to_search, "arena": arena}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=sorted(COMMANDS))
+    p.add_argument("--out", type=Path, default=Path(".hoprl/bench/train"))
+    p.add_argument("--steps", type=int, default=3, help="step-time: GRPO steps per variant")
+    p.add_argument("--sft-steps", type=int, default=20)
+    p.add_argument("--grpo-steps", type=int, default=4)
+    p.add_argument("--switch-step", type=int, default=2, help="when-to-search: stage 1 -> 2 at this step")
+    p.add_argument("--questions", type=int, default=2, help="questions per GRPO step")
+    p.add_argument("--generations", type=int, default=4, help="samples per question")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=48, help="new tokens per agent step")
+    p.add_argument("--dev", type=int, default=20, help="when-to-search: dev questions")
+    p.add_argument("--dev-n", type=int, default=20, help="arena: dev questions (a fixed sample)")
+    p.add_argument("--train", default="../shared/data/hotpotqa_train.jsonl")
+    p.add_argument("--dev-file", default="../shared/data/hotpotqa_dev.jsonl", help="arena: dev questions")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    retriever = RetrieverSettings(storage_path=args.out / "qdrant")
+    start = time.perf_counter()
+    with (
+        LocalServer(create_app(retriever)) as server,
+        Registry(f"sqlite:///{args.out / 'registry.db'}") as reg,
+    ):
+        settings = TrainerSettings(runs_dir=args.out / "runs", retriever_url=server.url)
+        result = COMMANDS[args.command](args, reg, settings)
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    result["threads"] = torch.get_num_threads()
+    (args.out / f"{args.command}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "reward_curve"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""What a job does around TRL's loop: registry writes, curricula, checkpoint state, progress.
+
+:class:`RunCallback` is one ``TrainerCallback`` per job:
+
+- **metrics**: every ``on_log`` (one per step) goes to the registry at the step, with the
+  rollout's timings (``rollout_s``, mean ``retrieval_s`` / ``generation_s`` per episode) and
+  dynamic-sampling counts; a tqdm bar in the log shows reward, loss and step time.
+- **curricula** (:class:`Curricula`): when-to-search's stage 1 -> 2 is checked every step
+  (by step count or a plateau of the mean training reward); EVO-RAG's Discovery -> Refinement is
+  checked at every checkpoint on a dev split (its mean episode return). A switch is recorded in
+  the registry with the reason and the metric that triggered it.
+- **checkpoints**: after TRL writes ``checkpoint-N`` (weights, optimizer, scheduler, RNG,
+  trainer state), ``hoprl_state.json`` is written beside them (step, curriculum state, stage) and
+  the checkpoint is registered. A checkpoint without that file is incomplete (the job died while
+  saving) and is never resumed from: see :func:`latest_complete_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+from transformers import TrainerCallback
+
+from hoprl.registry.store import Registry
+
+log = logging.getLogger("hoprl.trainer")
+STATE_FILE = "hoprl_state.json"
+
+
+def latest_complete_checkpoint(output_dir: Path) -> Path | None:
+    """The highest ``checkpoint-N`` folder that holds :data:`STATE_FILE` (fully written)."""
+    done = [p for p in output_dir.glob("checkpoint-*") if (p / STATE_FILE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+class Curricula:
+    """The recipe's curriculum as run state: check, switch, save, restore.
+
+    Args:
+        recipe: its ``curriculum`` attribute (when-to-search or EVO-RAG), if any, is driven.
+        dev_return: ``() -> mean dev return`` for EVO-RAG's checks (rolls out the dev split).
+    """
+
+    def __init__(self, recipe: Any, dev_return: Callable[[], float] | None = None) -> None:
+        self.recipe, self.dev_return = recipe, dev_return
+        self.curriculum: Any = getattr(recipe, "curriculum", None)
+
+    @property
+    def stage(self) -> str | None:
+        if self.curriculum is None:
+            return None
+        stage = self.curriculum.stage
+        return f"stage{stage}" if isinstance(stage, int) else str(stage)
+
+    def on_step(self, step: int, mean_reward: float) -> dict[str, Any] | None:
+        """When-to-search: one check per step; returns the switch record, if it switched."""
+        if self.recipe.name != "when-to-search":
+            return None
+        before = self.stage
+        if not self.curriculum.update(step, mean_reward):
+            return None
+        how = self.curriculum.mode
+        reason = f"step {step} >= switch_step" if how == "steps" else "mean-reward EMA plateaued"
+        return {"from_stage": before, "to_stage": self.stage, "reason": reason,
+                "metric_name": "reward_ema" if how == "plateau" else "step",
+                "metric_value": self.curriculum.ema if how == "plateau" else float(step)}  # fmt: skip
+
+    def on_checkpoint(self) -> dict[str, Any] | None:
+        """EVO-RAG: one dev check per checkpoint; returns the switch record, if it switched."""
+        if self.recipe.name != "evo-rag" or self.dev_return is None:
+            return None
+        before, value = self.stage, self.dev_return()
+        if not self.curriculum.update(value):
+            return None
+        reason = f"dev return EMA improved < {self.curriculum.eps} for {self.curriculum.patience} checks"
+        return {"from_stage": before, "to_stage": self.stage, "reason": reason,
+                "metric_name": "dev_return", "metric_value": value}  # fmt: skip
+
+    def state(self) -> dict[str, Any] | None:
+        return None if self.curriculum is None else self.curriculum.to_dict()
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Load a saved state **in place**: reward closures hold the curriculum object itself."""
+        if self.curriculum is None or state is None:
+            return
+        for key, value in type(self.curriculum).from_dict(state).model_dump().items():
+            setattr(self.curriculum, key, value)
+
+
+class RunCallback(TrainerCallback):
+    """Registry, curricula, checkpoint state and the progress bar for one run."""
+
+    def __init__(self, registry: Registry, run_id: str, curricula: Curricula, rollout: Any = None) -> None:
+        self.registry, self.run_id, self.curricula, self.rollout = registry, run_id, curricula, rollout
+        self.bar: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.curricula.stage is not None and self.registry.current_stage(self.run_id) is None:
+            self.registry.start_stage(self.run_id, self.curricula.stage, state.global_step)
+        self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.run_id, mininterval=0)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:  # fmt: skip
+        metrics = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, int | float)}
+        if "train_runtime" in metrics:  # the end-of-training summary, not a step
+            return
+        if self.rollout is not None:
+            metrics.update(self.rollout.timings)
+            metrics.update({f"dynamic/{k}": float(v) for k, v in self.rollout.counts.items()})
+        metrics["step"] = float(state.global_step)
+        self.registry.log_metrics(self.run_id, state.global_step, metrics)
+        if self.bar is not None:
+            self.bar.n = state.global_step
+            shown = {k: f"{metrics[k]:.3g}" for k in ("reward", "loss", "step_time") if k in metrics}
+            self.bar.set_postfix(shown, refresh=True)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        totals = getattr(self.rollout, "last_totals", None)
+        if totals:
+            switch = self.curricula.on_step(state.global_step, sum(totals) / len(totals))
+            self._record(state.global_step, switch)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step
+        self._record(step, self.curricula.on_checkpoint())
+        folder = Path(args.output_dir) / f"checkpoint-{step}"
+        payload = {"step": step, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
+        (folder / STATE_FILE).write_text(json.dumps(payload, indent=1))
+        self.registry.add_checkpoint(
+            self.run_id, step, str(folder), self.registry.latest_metrics(self.run_id)
+        )
+        log.info("checkpoint %s (stage %s)", folder, payload["stage"])
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def _record(self, step: int, switch: dict[str, Any] | None) -> None:
+        if switch is not None:
+            log.info("stage switch at step %d: %s", step, switch)
+            self.registry.record_stage_switch(self.run_id, step, **switch)

@@ -1,0 +1,191 @@
+"""Run one job from its registry record: data, index, model, trainer, resume, status.
+
+``run_job(run_id)`` is what ``python -m services.trainer.worker RUN_ID`` executes. Everything it
+needs is in the run's ``config`` (the :class:`~services.trainer.protocol.JobRequest` as sent,
+plus the resolved hyperparameters), so a job re-queued after a service restart, or killed and
+started again, runs the same way:
+
+1. load the dataset (``train`` split, and ``dev`` for curriculum checks);
+2. make sure the retriever holds its paragraphs (one collection per corpus, reused) unless the
+   recipe needs no retrieval (``arena`` reads the question's own paragraphs);
+3. load the model: the request's ``model`` (HF id, folder, or a job id = that job's latest
+   checkpoint), else the default model;
+4. pick the checkpoint to resume: this run's latest *complete* checkpoint if any (a killed job),
+   else ``resume_from`` (a job id's latest checkpoint, or a folder); restore the curriculum
+   state from its ``hoprl_state.json``;
+5. train with the objective's trainer (``grpo`` / ``dapo`` / ``dr_grpo``, ``sft``; ``ppo`` and
+   ``dpo`` call :mod:`services.trainer.ppo` / :mod:`services.trainer.dpo` once they exist) and
+   save the final checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.data.corpus import pool
+from hoprl.data.sources import load
+from hoprl.evaluation import corpus_collection, ensure_indexed
+from hoprl.recipes import get_recipe
+from hoprl.registry.models import RunRow
+from hoprl.registry.store import Registry
+from hoprl.schemas import Question
+from services.policy.model import resolve_model
+from services.trainer.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
+from services.trainer.protocol import Hyperparameters, JobRequest
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger("hoprl.trainer")
+
+#: recipes whose episodes never call the retriever
+NO_RETRIEVAL = {"arena"}
+
+
+def submit(registry: Registry, request: JobRequest) -> RunRow:
+    """Queue ``request`` as a new run: the request and its resolved hyperparameters are the config."""
+    hp = request.hyperparameters.resolved(request.recipe)
+    config = {"request": request.model_dump(mode="json"), "hyperparameters": hp.model_dump(mode="json")}
+    return registry.create_run(f"job-{uuid.uuid4().hex[:12]}", recipe=request.recipe,
+                               objective=request.objective, model=request.model or "default",
+                               config=config, seed=request.seed)  # fmt: skip
+
+
+def load_splits(request: JobRequest, hp: Hyperparameters) -> tuple[list[Question], list[Question]]:
+    """Train and dev questions; a single JSONL file serves as both (dev = its last questions, at most
+    ``eval_questions`` and a quarter of the file)."""
+    if Path(request.dataset).exists():
+        questions = load(request.dataset)
+        cut = len(questions) - min(hp.eval_questions, len(questions) // 4)
+        train, dev = questions[:cut], questions[cut:]
+    else:
+        train, dev = load(request.dataset, "train", seed=request.seed), load(request.dataset, "dev")
+    if hp.max_train_questions is not None:
+        train = train[: hp.max_train_questions]
+    if len(train) < hp.questions_per_step:
+        raise ValueError(
+            f"{len(train)} training questions cannot fill one step of questions_per_step="
+            f"{hp.questions_per_step}; use a larger dataset or fewer questions per step"
+        )
+    return train, dev[: hp.eval_questions]
+
+
+def ensure_collection(request: JobRequest, questions: list[Question], settings: TrainerSettings) -> str:
+    """The retriever collection holding the questions' paragraphs (indexed on first use)."""
+    if request.collection:
+        return request.collection
+    if request.recipe in NO_RETRIEVAL:
+        return "unused"
+    documents = pool(questions)
+    name = corpus_collection(Path(request.dataset).stem.replace(":", "-"), documents)
+    with RetrieverClient(settings.retriever_url) as client:
+        ensure_indexed(client, name, documents)
+    return name
+
+
+def checkpoint_of(registry: Registry, ref: str) -> str:
+    """A job id's latest checkpoint folder, or ``ref`` itself when it is a folder."""
+    if Path(ref).is_dir():
+        return ref
+    run = registry.get_run(ref)
+    if run is None:
+        raise ValueError(f"{ref!r} is neither a checkpoint folder nor a job id")
+    latest = registry.latest_checkpoint(ref)
+    if latest is None:
+        raise ValueError(f"job {ref!r} has no checkpoint yet")
+    return latest.path
+
+
+def model_path(request: JobRequest, registry: Registry, settings: TrainerSettings) -> str:
+    name = request.model or settings.default_model
+    if name and registry.get_run(name) is not None:
+        return checkpoint_of(registry, name)
+    return resolve_model(name, settings.model_cache)
+
+
+def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
+    """Train run ``run_id`` to its last step; raises on failure (the worker records it)."""
+    run = registry.get_run(run_id)
+    if run is None:
+        raise KeyError(f"no run {run_id!r} in the registry")
+    request = JobRequest.model_validate(run.config["request"])
+    hp = Hyperparameters.model_validate(run.config["hyperparameters"])
+    if settings.torch_threads or hp.torch_threads:
+        torch.set_num_threads(hp.torch_threads or settings.torch_threads)
+    output_dir = settings.runs_dir / run_id
+    resume = latest_complete_checkpoint(output_dir)
+    if resume is None and request.resume_from:
+        resume = Path(checkpoint_of(registry, request.resume_from))
+    train, dev = load_splits(request, hp)
+    collection = ensure_collection(request, train + dev, settings)
+    path = model_path(request, registry, settings)
+    log.info("run %s: %s/%s on %s (%d train, %d dev), model %s, resume %s, hyperparameters %s",
+             run_id, request.recipe, request.objective, request.dataset, len(train), len(dev), path,
+             resume, hp.model_dump())  # fmt: skip
+    recipe = get_recipe(request.recipe, **hp.recipe_config)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    trainer = build_trainer(request, hp, recipe, model, tokenizer, train, dev, collection, settings,
+                            registry, run_id, str(output_dir))  # fmt: skip
+    if resume is not None and (resume / STATE_FILE).is_file():
+        trainer_curricula(trainer).restore(json.loads((resume / STATE_FILE).read_text())["curriculum"])
+    # TRL's flow saves every save_steps and at the last step, so a finished job ends on a checkpoint.
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+
+
+def trainer_curricula(trainer: Any) -> Curricula:
+    callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, RunCallback))
+    return callback.curricula
+
+
+def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: Any, tokenizer: Any,
+                  train: list[Question], dev: list[Question], collection: str, settings: TrainerSettings,
+                  registry: Registry, run_id: str, output_dir: str) -> Any:  # fmt: skip
+    """The objective's trainer with the run's callback attached."""
+    if request.objective == "sft":
+        from services.trainer.sft import build_sft, expert_episodes, sft_config, sft_dataset
+
+        episodes = asyncio.run(expert_episodes(recipe, train, settings.retriever_url, collection,
+                                               noise=hp.expert_noise, seed=request.seed))  # fmt: skip
+        data = sft_dataset(episodes, tokenizer, max_length=model.config.max_position_embeddings)
+        callback = RunCallback(registry, run_id, Curricula(recipe))
+        config = sft_config(hp, request.steps, output_dir, request.seed)
+        return build_sft(model, tokenizer, data, config, callbacks=[callback])
+    if request.objective in ("ppo", "dpo"):
+        # The PPO / DPO modules plug in with this one function (same arguments as this one,
+        # returning an object with Trainer's ``train(resume_from_checkpoint=...)``).
+        module = importlib.import_module(f"services.trainer.{request.objective}")
+        if not hasattr(module, "build_trainer"):
+            raise NotImplementedError(
+                f"services/trainer/{request.objective}.py has no build_trainer(...) for the job runner yet"
+            )
+        return module.build_trainer(request, hp, recipe, model, tokenizer, train, dev, collection,
+                                    settings, registry, run_id, output_dir)  # fmt: skip
+    from services.trainer.grpo import build_grpo, grpo_config
+    from services.trainer.rollout import AgentRollout, RolloutOptions
+
+    opts = RolloutOptions(
+        collection=collection, retriever_url=settings.retriever_url, num_generations=hp.num_generations,
+        episode={"max_steps": hp.max_turns, "max_new_tokens_per_step": hp.max_new_tokens_per_step,
+                 "token_budget": hp.token_budget, "temperature": hp.temperature,
+                 "search_mode": hp.search_mode},
+        dynamic_sampling=bool(hp.dynamic_sampling), max_resample=hp.max_resample, seed=request.seed,
+    )  # fmt: skip
+
+    def sink(step: int, episodes: Any, per: list[dict[str, float]], totals: list[float]) -> None:
+        rewards = [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
+        registry.write_episodes(run_id, step, episodes, rewards)
+
+    rollout = AgentRollout(recipe, train, opts, sink=sink)
+    curricula = Curricula(recipe, dev_return=lambda: rollout.evaluate(dev))
+    args = grpo_config(hp, request.objective, request.steps, output_dir, request.seed)
+    callback = RunCallback(registry, run_id, curricula, rollout)
+    return build_grpo(model, tokenizer, rollout, train, args, hp.kl_estimator or "k3", [callback])

@@ -1,0 +1,126 @@
+"""The trainer's wire contracts: a job request, its hyperparameters and the job view.
+
+A job is one run in the run registry: the request is stored whole as the run's ``config``, so a
+job can be re-run (or resumed after a restart) from the registry alone.
+
+Hyperparameters are flat and validated (``extra="forbid"``): a misspelt name is a 422 naming the
+field, never a silently kept default. Fields left unset take the recipe's published defaults
+(:data:`RECIPE_DEFAULTS`, e.g. R2AG's asymmetric clip 0.2 / 0.28 with dynamic sampling, ARENA's
+k2 KL), then the generic defaults below; the resolved values are logged and stored with the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+#: per-recipe defaults from the papers, applied to hyperparameters the request leaves unset
+RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "r2ag": {"epsilon": 0.2, "epsilon_high": 0.28, "dynamic_sampling": True},
+    "eval-rar": {"beta": 0.001},
+    "arena": {"beta": 0.001, "kl_estimator": "k2"},
+    "when-to-search": {"beta": 0.0},
+}
+
+
+class Hyperparameters(BaseModel):
+    """Training knobs. ``None`` = the recipe's default (:data:`RECIPE_DEFAULTS`), else the generic one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float | None = Field(None, gt=0, description="default 1e-5 (RL), 5e-5 (SFT)")
+    questions_per_step: int = Field(2, ge=1, le=256, description="GRPO groups per optimizer step")
+    num_generations: int = Field(4, ge=2, le=64, description="samples per question (the group size)")
+    beta: float | None = Field(None, ge=0, description="KL coefficient; 0 = no KL and no reference model")
+    kl_estimator: Literal["k3", "k2"] | None = Field(
+        None, description="k3 (TRL's) or k2 = ½(log πθ/πref)² (ARENA's stabilised KL)"
+    )
+    epsilon: float | None = Field(None, gt=0, lt=1, description="lower clip (default 0.2)")
+    epsilon_high: float | None = Field(None, gt=0, lt=1, description="upper clip (default = epsilon)")
+    dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
+    max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
+    max_turns: int = Field(4, ge=1, le=20, description="agent steps per episode")
+    max_new_tokens_per_step: int = Field(64, ge=1, le=4096)
+    token_budget: int = Field(512, ge=16, le=32768, description="completion tokens per episode")
+    temperature: float = Field(1.0, gt=0, le=2)
+    search_mode: Literal["dense", "sparse", "hybrid"] = "hybrid"
+    save_steps: int = Field(10, ge=1, description="a checkpoint every this many steps (and at the end)")
+    max_train_questions: int | None = Field(None, ge=1, description="first N training questions only")
+    eval_questions: int = Field(16, ge=1, description="dev questions per curriculum check (EVO-RAG)")
+    sft_epochs: float = Field(1.0, gt=0, description="SFT: passes over the expert data (steps wins if set)")
+    expert_noise: float = Field(0.0, ge=0, le=1, description="SFT: share of noisy expert plans")
+    recipe_config: dict[str, Any] = Field(
+        default_factory=dict, description="the recipe's own config (e.g. when-to-search switch_step)"
+    )
+    report_to: list[str] = Field(default_factory=list, description="TRL/transformers report_to, e.g. wandb")
+    torch_threads: int | None = Field(None, ge=1, description="training threads (decoding always uses 1)")
+
+    def resolved(self, recipe: str) -> Hyperparameters:
+        """A copy with unset fields filled from the recipe's defaults, then the generic ones."""
+        values = self.model_dump()
+        for key, value in RECIPE_DEFAULTS.get(recipe, {}).items():
+            if values.get(key) is None:
+                values[key] = value
+        generic = {"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False}
+        for key, value in generic.items():
+            if values.get(key) is None:
+                values[key] = value
+        return Hyperparameters.model_validate(values)
+
+
+class JobRequest(BaseModel):
+    """``POST /v1/jobs``: what to train, from where, on what, for how long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str = Field(description="a recipe name, e.g. when-to-search")
+    objective: Objective = "grpo"
+    model: str | None = Field(None, description="HF id or checkpoint folder; unset = the default model")
+    dataset: str = Field("synthetic", description="a JSONL path, 'synthetic[:SEED]', or a hub name")
+    collection: str | None = Field(
+        None, description="retriever collection; unset = index the dataset's paragraphs"
+    )
+    steps: int = Field(10, ge=1, le=1_000_000, description="optimizer steps")
+    seed: int = 0
+    resume_from: str | None = Field(
+        None, description="a job id (its latest checkpoint) or a checkpoint folder"
+    )
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+
+    @model_validator(mode="after")
+    def _model_or_resume(self) -> JobRequest:
+        if self.model is not None and not self.model.strip():
+            raise ValueError("model must be a HF id or a folder; leave it out for the default model")
+        return self
+
+
+class Checkpoint(BaseModel):
+    step: int
+    path: str
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class Job(BaseModel):
+    """``GET /v1/jobs/{id}``: the run as the registry holds it."""
+
+    id: str
+    status: JobStatus
+    recipe: str
+    objective: str
+    model: str
+    step: int = Field(0, description="last step with metrics")
+    steps: int = Field(description="steps asked for")
+    stage: str | None = Field(None, description="current curriculum stage")
+    metrics: dict[str, float] = Field(default_factory=dict, description="latest value of each metric")
+    checkpoints: list[Checkpoint] = Field(default_factory=list)
+    error: str | None = None
+    created_at: str | None = None
+
+
+class JobCreated(BaseModel):
+    id: str
+    status: JobStatus

@@ -1,0 +1,173 @@
+"""The job queue: one worker subprocess at a time, state in the run registry.
+
+The registry's ``runs`` table *is* the queue: ``POST /v1/jobs`` inserts a ``queued`` run, and a
+background thread (:class:`JobQueue`) polls every ``poll_interval_s``:
+
+- no worker running -> start ``python -m services.trainer.worker RUN_ID`` for the oldest queued
+  run (stdout/stderr to ``<runs_dir>/<id>/worker.log``, its pid in ``worker.pid``);
+- the worker exited -> it recorded ``succeeded`` / ``failed`` itself; a worker that died without
+  recording anything (killed by a signal, OOM) leaves the run ``running``, so it is queued again
+  and resumes from its last checkpoint, at most ``MAX_RESTARTS`` times, then marked failed.
+
+On start, runs left ``running`` by a previous service process are adopted when their worker is
+still alive (its pid file), else queued again: jobs survive a service restart.
+Cancelling a queued run marks it ``cancelled``; cancelling the running one terminates its worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from hoprl.registry.store import Registry
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger("hoprl.trainer")
+MAX_RESTARTS = 3
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie child of ours counts as dead
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+class JobQueue:
+    """``queue.start()`` then ``queue.stop()``; :meth:`cancel` from the routes."""
+
+    def __init__(self, settings: TrainerSettings, registry: Registry) -> None:
+        self.settings, self.registry = settings, registry
+        self.lock = threading.Lock()
+        self.current: tuple[str, subprocess.Popen[bytes] | int] | None = (
+            None  # run id, process or adopted pid
+        )
+        self.restarts: dict[str, int] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="hoprl-trainer-queue", daemon=True)
+
+    def start(self) -> None:
+        for run in self.registry.list_runs(status="running", limit=1000):
+            pid = self._pid(run.id)
+            if pid is not None and alive(pid) and self.current is None:
+                log.info("adopting run %s (worker pid %d still alive)", run.id, pid)
+                self.current = (run.id, pid)
+            else:
+                log.info("run %s was running when the service stopped: queued again", run.id)
+                self.registry.set_run_status(run.id, "queued")
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop polling; a running worker keeps going and is adopted by the next service start."""
+        self.stopping.set()
+        self.thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.tick()
+            except Exception:  # a registry hiccup must not kill the queue; the next tick retries
+                log.exception("job queue tick failed")
+            self.stopping.wait(self.settings.poll_interval_s)
+
+    def tick(self) -> None:
+        with self.lock:
+            if self.current is not None and not self._finished():
+                return
+            self.current = None
+            queued = self.registry.list_runs(status="queued", limit=1000)
+            if queued:
+                self._launch(min(queued, key=lambda r: r.created_at).id)
+
+    def _finished(self) -> bool:
+        assert self.current is not None
+        run_id, proc = self.current
+        if isinstance(proc, int) and alive(proc):
+            return False
+        if not isinstance(proc, int) and proc.poll() is None:
+            return False
+        run = self.registry.get_run(run_id)
+        if run is not None and run.status == "running":  # died without a word: resume it
+            self.restarts[run_id] = self.restarts.get(run_id, 0) + 1
+            if self.restarts[run_id] > MAX_RESTARTS:
+                self.registry.set_run_status(
+                    run_id, "failed", error="the worker died repeatedly; see worker.log"
+                )
+            else:
+                log.warning("worker of run %s died; queued again to resume", run_id)
+                self.registry.set_run_status(run_id, "queued")
+        return True
+
+    def _launch(self, run_id: str) -> None:
+        folder = self.settings.runs_dir / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "worker.log").open("ab") as logfile:
+            proc = subprocess.Popen(
+                [self.settings.python or sys.executable, "-m", "services.trainer.worker", run_id],
+                stdout=logfile, stderr=subprocess.STDOUT, env=self.worker_env(), start_new_session=True,
+            )  # fmt: skip
+        (folder / "worker.pid").write_text(str(proc.pid))
+        self.registry.set_run_status(run_id, "running")
+        self.current = (run_id, proc)
+        log.info("run %s started (pid %d)", run_id, proc.pid)
+
+    def worker_env(self) -> dict[str, str]:
+        """This process's environment plus the settings, so the worker sees what the service sees."""
+        s = self.settings
+        env = dict(os.environ)
+        env.update({
+            "TRAINER_DATABASE_URL": self.registry.url.render_as_string(hide_password=False),
+            "TRAINER_RUNS_DIR": str(s.runs_dir.resolve()),
+            "TRAINER_RETRIEVER_URL": s.retriever_url,
+            "TRAINER_MODEL_CACHE": str(s.model_cache.resolve()),
+            "TRAINER_TORCH_THREADS": str(s.torch_threads),
+        })  # fmt: skip
+        if s.default_model:
+            env["TRAINER_DEFAULT_MODEL"] = s.default_model
+        return env
+
+    def _pid(self, run_id: str) -> int | None:
+        path = self.settings.runs_dir / run_id / "worker.pid"
+        return int(path.read_text()) if path.is_file() else None
+
+    def cancel(self, run_id: str) -> bool:
+        """Cancel a queued or running run; False when it had already finished."""
+        with self.lock:
+            run = self.registry.get_run(run_id)
+            if run is None or run.status not in ("queued", "running"):
+                return False
+            if self.current is not None and self.current[0] == run_id:
+                self._terminate(self.current[1])
+                self.current = None
+            self.registry.set_run_status(run_id, "cancelled")
+            return True
+
+    @staticmethod
+    def _terminate(proc: subprocess.Popen[bytes] | int) -> None:
+        pid = proc if isinstance(proc, int) else proc.pid
+        try:
+            os.killpg(pid, signal.SIGTERM)  # the worker leads its own session: its children go too
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        if not isinstance(proc, int):
+            proc.wait()
+
+
+def log_path(settings: TrainerSettings, run_id: str) -> Path:
+    return settings.runs_dir / run_id / "worker.log"

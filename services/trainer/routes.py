@@ -1,0 +1,97 @@
+"""HTTP routes of the trainer (``/v1/jobs``): submit, inspect, list, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+
+from hoprl.recipes import RECIPES
+from hoprl.registry.models import RunRow
+from hoprl.registry.store import Registry
+from services.errors import ERROR_RESPONSES, ApiError
+from services.trainer.jobs import submit
+from services.trainer.protocol import Checkpoint, Job, JobCreated, JobRequest, JobStatus
+from services.trainer.queue import JobQueue
+
+router = APIRouter(responses=ERROR_RESPONSES)
+JobId = Annotated[str, Path(description="the id POST /v1/jobs returned")]
+
+
+def _registry(request: Request) -> Registry:
+    registry: Registry = request.app.state.registry
+    return registry
+
+
+def _queue(request: Request) -> JobQueue:
+    queue: JobQueue = request.app.state.queue
+    return queue
+
+
+def _validate(body: JobRequest, registry: Registry) -> None:
+    if body.recipe not in RECIPES:
+        raise ApiError(
+            422, "unknown_recipe", f"unknown recipe {body.recipe!r}; valid recipes: {sorted(RECIPES)}"
+        )
+    if body.resume_from and registry.get_run(body.resume_from) is None and "/" not in body.resume_from:
+        raise ApiError(
+            404, "job_not_found", f"resume_from {body.resume_from!r} is not a job id or a folder path"
+        )
+
+
+def job_view(run: RunRow, registry: Registry) -> Job:
+    metrics = registry.latest_metrics(run.id)
+    checkpoints = [
+        Checkpoint(step=c.step, path=c.path, metrics=c.metrics) for c in registry.checkpoints(run.id)
+    ]
+    return Job(
+        id=run.id, status=run.status, recipe=run.recipe, objective=run.objective, model=run.model,
+        step=int(metrics.get("step", 0)), steps=run.config["request"]["steps"],
+        stage=registry.current_stage(run.id), metrics=metrics, checkpoints=checkpoints, error=run.error,
+        created_at=run.created_at.isoformat() if run.created_at else None,
+    )  # fmt: skip
+
+
+@router.post("/v1/jobs", operation_id="create_job", status_code=201)
+def create_job(body: JobRequest, request: Request) -> JobCreated:
+    """Queue a training job; it starts when the trainer is free (one job at a time)."""
+    registry = _registry(request)
+    _validate(body, registry)
+    run = submit(registry, body)
+    return JobCreated(id=run.id, status=run.status)
+
+
+@router.get("/v1/jobs/{job_id}", operation_id="get_job")
+def get_job(job_id: JobId, request: Request) -> Job:
+    """Status, step, latest metrics, checkpoints and curriculum stage of one job."""
+    registry = _registry(request)
+    run = registry.get_run(job_id)
+    if run is None or "request" not in (run.config or {}):
+        raise ApiError(404, "job_not_found", f"no job {job_id!r}; GET /v1/jobs lists them")
+    return job_view(run, registry)
+
+
+@router.get("/v1/jobs", operation_id="list_jobs")
+def list_jobs(
+    request: Request,
+    status: Annotated[JobStatus | None, Query(description="only jobs with this status")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[Job]:
+    """Jobs, newest first."""
+    registry = _registry(request)
+    runs = registry.list_runs(status=status, limit=limit)
+    return [job_view(r, registry) for r in runs if "request" in (r.config or {})]
+
+
+@router.post("/v1/jobs/{job_id}/cancel", operation_id="cancel_job")
+def cancel_job(job_id: JobId, request: Request) -> Job:
+    """Cancel a queued job, or stop the running one (its checkpoints stay)."""
+    registry = _registry(request)
+    run = registry.get_run(job_id)
+    if run is None:
+        raise ApiError(404, "job_not_found", f"no job {job_id!r}; GET /v1/jobs lists them")
+    if not _queue(request).cancel(job_id):
+        raise ApiError(409, "job_finished", f"job {job_id!r} is already {run.status}; nothing to cancel")
+    updated = registry.get_run(job_id)
+    assert updated is not None
+    return job_view(updated, registry)

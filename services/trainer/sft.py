@@ -1,0 +1,116 @@
+"""SFT warm start: teach a small model the recipe's protocol from scripted expert trajectories.
+
+A model that never emits ``<search>`` or ``<answer>`` gets the same (failing) reward on every
+sample, so GRPO has nothing to learn from; a few hundred steps of supervised fine-tuning on the
+recipe's expert trajectories fix that.
+
+The expert data goes through the **same path as an RL rollout**: :class:`ExpertChat` replays the
+recipe's ``expert_segments(question)`` as the "model" of the episode runner, which runs them
+against the real retriever (so the injected ``<information>`` is what the policy will see at RL
+time) and records an :class:`~hoprl.agent.trajectory.Episode`;
+:func:`~hoprl.agent.tokens.to_token_trajectory` turns it into token ids and the policy mask.
+Each example is pre-tokenized (``input_ids`` = prompt + completion, ``completion_mask`` = 0 on
+the prompt and on every injected or template token, 1 on assistant text), and TRL's SFTTrainer
+runs with ``completion_only_loss=True``: the loss covers the assistant turns only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from datasets import Dataset
+from trl import SFTConfig, SFTTrainer
+
+from hoprl.agent.runner import run_episode
+from hoprl.agent.tokens import to_token_trajectory
+from hoprl.agent.trajectory import Episode
+from hoprl.clients.llm import Completion
+from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.schemas import Question
+from services.trainer.protocol import Hyperparameters
+
+log = logging.getLogger("hoprl.trainer")
+
+
+class ExpertChat:
+    """A ``ChatModel`` that answers with the next scripted expert segment (stop text included)."""
+
+    def __init__(self, segments: Sequence[str]) -> None:
+        self.segments = list(segments)
+
+    async def chat(self, messages: list[dict[str, str]], **_: Any) -> list[Completion]:
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        text = self.segments[min(turn, len(self.segments) - 1)]
+        usage = {"prompt_tokens": 0, "completion_tokens": len(text.split())}
+        return [Completion(text, "stop", None, None, usage)]
+
+
+async def expert_episodes(
+    recipe: Any, questions: Sequence[Question], retriever_url: str, collection: str,
+    noise: float = 0.0, seed: int = 0, concurrency: int = 8,
+) -> list[Episode]:  # fmt: skip
+    """One expert episode per question, run through the agent loop against the retriever."""
+    semaphore = asyncio.Semaphore(concurrency)
+    retriever = AsyncRetrieverClient(retriever_url)
+
+    async def one(i: int, q: Question) -> Episode:
+        chat = ExpertChat(recipe.expert_segments(q, noise=noise, seed=seed + i))
+        async with semaphore:
+            return await run_episode(recipe, q, chat, retriever, collection, max_steps=20,
+                                     token_budget=1 << 20, max_new_tokens_per_step=1 << 16)  # fmt: skip
+
+    try:
+        return list(await asyncio.gather(*(one(i, q) for i, q in enumerate(questions))))
+    finally:
+        await retriever.aclose()
+
+
+def sft_dataset(episodes: Sequence[Episode], tokenizer: Any, max_length: int | None = None) -> Dataset:
+    """Pre-tokenized SFT rows; episodes longer than ``max_length`` tokens are left out (logged)."""
+    rows: dict[str, list[list[int]]] = {"input_ids": [], "completion_mask": []}
+    for ep in episodes:
+        t = to_token_trajectory(ep, tokenizer)
+        ids = t.prompt_ids + t.completion_ids
+        if max_length is not None and len(ids) > max_length:
+            log.warning(
+                "expert episode %s has %d tokens > %d; left out", ep.question_id, len(ids), max_length
+            )
+            continue
+        rows["input_ids"].append(ids)
+        rows["completion_mask"].append([0] * len(t.prompt_ids) + t.mask)
+    if not rows["input_ids"]:
+        raise ValueError("no expert episode fits; raise the model's context or shorten the recipe prompt")
+    return Dataset.from_dict(rows)
+
+
+def sft_config(hp: Hyperparameters, steps: int | None, output_dir: str, seed: int) -> SFTConfig:
+    """TRL's SFT config: completion-only loss over the pre-tokenized rows."""
+    return SFTConfig(
+        output_dir=output_dir,
+        max_steps=steps or -1,
+        num_train_epochs=hp.sft_epochs,
+        learning_rate=hp.learning_rate or 5e-5,
+        per_device_train_batch_size=hp.questions_per_step,
+        completion_only_loss=True,
+        max_length=None,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=hp.save_steps,
+        report_to=hp.report_to or "none",
+        seed=seed,
+        data_seed=seed,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def build_sft(model: Any, tokenizer: Any, dataset: Dataset, config: SFTConfig,
+              callbacks: list[Any] | None = None) -> SFTTrainer:  # fmt: skip
+    return SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                      callbacks=callbacks)  # fmt: skip

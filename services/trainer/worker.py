@@ -1,0 +1,44 @@
+"""One job in its own process: ``python -m services.trainer.worker RUN_ID``.
+
+The trainer service starts one worker per job, so cancelling a job is ending a process, and a
+job killed with SIGKILL leaves nothing behind but its last complete checkpoint and the episodes
+already in the registry, from which the next worker for the same run resumes. The worker marks
+the run ``running``, then ``succeeded`` or ``failed`` (with the error); logs go to stderr, which
+the service sends to ``<runs_dir>/<run id>/worker.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from hoprl.registry.store import Registry
+from services.trainer.jobs import run_job
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger("hoprl.trainer")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m services.trainer.worker RUN_ID\n")
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    settings = TrainerSettings()
+    run_id = argv[0]
+    with Registry(settings.database_url) as registry:
+        registry.set_run_status(run_id, "running")
+        try:
+            run_job(run_id, settings, registry)
+        except Exception as exc:
+            log.exception("run %s failed", run_id)
+            registry.set_run_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+            return 1
+        registry.set_run_status(run_id, "succeeded")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,94 @@
+"""The jobs API over real HTTP: submit, poll to done, list, cancel, 4xx bodies, restart survival."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hoprl.clients.retriever import ServiceError
+from hoprl.clients.trainer import TrainerClient
+from hoprl.data.synthetic import write_jsonl
+from hoprl.registry.store import Registry
+from hoprl.schemas import Question
+from services.local import LocalServer
+from services.trainer.app import create_app
+from services.trainer.settings import TrainerSettings
+
+
+@pytest.fixture()
+def settings(tmp_path: Path, retriever_url: str) -> TrainerSettings:
+    return TrainerSettings(database_url=f"sqlite:///{tmp_path / 'registry.db'}", runs_dir=tmp_path / "runs",
+                           retriever_url=retriever_url, poll_interval_s=0.2, torch_threads=1)  # fmt: skip
+
+
+def job(tiny_model: str, data: Path, collection: str, steps: int = 2) -> dict[str, object]:
+    return {
+        "recipe": "search-r1", "objective": "grpo", "model": tiny_model, "dataset": str(data),
+        "collection": collection, "steps": steps,
+        "hyperparameters": {"questions_per_step": 2, "num_generations": 2, "max_turns": 2,
+                            "max_new_tokens_per_step": 8, "token_budget": 64, "save_steps": 10},
+    }  # fmt: skip
+
+
+@pytest.fixture()
+def data(tmp_path: Path, synthetic: dict[str, list[Question]]) -> Path:
+    path = tmp_path / "train.jsonl"
+    write_jsonl(path, synthetic["train"])
+    return path
+
+
+def test_bad_input_is_4xx_json(settings: TrainerSettings) -> None:
+    with LocalServer(create_app(settings)) as server:
+        http = httpx.Client(base_url=server.url)
+        cases = [
+            ({"recipe": "nope"}, 422, "unknown_recipe"),
+            ({"recipe": "search-r1", "hyperparameters": {"lr": 1}}, 422, "invalid_request"),
+            ({"recipe": "search-r1", "objective": "a2c"}, 422, "invalid_request"),
+            ({"recipe": "search-r1", "steps": 0}, 422, "invalid_request"),
+            ({"recipe": "search-r1", "resume_from": "job-missing"}, 404, "job_not_found"),
+        ]
+        for body, status, error in cases:
+            response = http.post("/v1/jobs", json=body)
+            assert (response.status_code, response.json()["error"]) == (status, error), body
+        bad = http.post("/v1/jobs", content=b"{", headers={"content-type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["error"] == "malformed_json"
+        assert http.get("/v1/jobs/job-missing").json()["error"] == "job_not_found"
+        assert http.post("/v1/jobs/job-missing/cancel").status_code == 404
+        assert http.get("/healthz").json() == {"status": "ok"}
+        assert http.get("/readyz").json()["status"] == "ready"
+
+
+def test_submit_poll_list_cancel(
+    settings: TrainerSettings, tiny_model: str, data: Path, collection: str
+) -> None:
+    with LocalServer(create_app(settings)) as server, TrainerClient(server.url) as client:
+        first = client.submit(job(tiny_model, data, collection))
+        queued = client.submit(job(tiny_model, data, collection))
+        assert client.get(queued.id).status == "queued"  # one job at a time
+        assert client.cancel(queued.id).status == "cancelled"
+        with pytest.raises(ServiceError) as info:
+            client.cancel(queued.id)
+        assert info.value.status == 409
+        done = client.wait(first.id, timeout=300, poll=0.5)
+        assert done.status == "succeeded", done.error
+        assert done.step == 2 and [c.step for c in done.checkpoints] == [2]
+        assert {"reward", "loss", "rollout_s"} <= set(done.metrics)
+        assert {j.id for j in client.list()} == {first.id, queued.id}
+        assert [j.id for j in client.list(status="cancelled")] == [queued.id]
+    with Registry(settings.database_url) as registry:
+        assert registry.count_episodes(first.id) == 2 * 2 * 2  # steps x questions x samples
+
+
+def test_job_survives_service_restart(settings: TrainerSettings, tiny_model: str, data: Path,
+                                      collection: str) -> None:  # fmt: skip
+    with LocalServer(create_app(settings)) as server, TrainerClient(server.url) as client:
+        created = client.submit(job(tiny_model, data, collection))
+        while client.get(created.id).status == "queued":
+            pass
+    # The service is gone; its worker is not. A new service adopts it (or re-queues a dead one).
+    with LocalServer(create_app(settings)) as server, TrainerClient(server.url) as client:
+        done = client.wait(created.id, timeout=300, poll=0.5)
+        assert done.status == "succeeded", done.error
+        assert done.step == 2

@@ -1,0 +1,129 @@
+"""GRPO through TRL on a tiny model: weights move, injected tokens get no gradient, loss types run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hoprl.recipes.base import Action
+from hoprl.recipes.baselines import SearchR1
+from hoprl.schemas import Question
+from services.trainer.grpo import HoprlGRPOTrainer, build_grpo, grpo_config, k2_kl, masked_sequence_mean
+from services.trainer.protocol import Hyperparameters
+from services.trainer.rollout import AgentRollout, RolloutOptions
+
+
+class LengthRecipe(SearchR1):
+    """search-r1's protocol with a reward that varies even for a random model: generated length."""
+
+    def reward_funcs(self) -> list[Any]:
+        def length_reward(prompts: Any, completions: Any, **kw: Any) -> list[float | None]:
+            return [len("".join(s.text for s in e.steps)) / 100 for e in kw["episodes"]]
+
+        return [length_reward]
+
+
+class SpaceSearch(LengthRecipe):
+    """Every segment ends at the first space and reads as a search: a random model then runs
+    real multi-turn episodes, with retrieved text injected between its turns."""
+
+    stop = [" "]  # noqa: RUF012
+
+    def parse(self, segment: str) -> Action:
+        return Action("search", queries=["river city capital"], query_kinds=["search"])
+
+
+class Probe(HoprlGRPOTrainer):
+    """Keeps the policy log-probs of the loss (with their gradient) and the masks of the batch."""
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        self.policy_mask = inputs["completion_mask"] * inputs["tool_mask"]
+        self.injected_mask = inputs["completion_mask"] * (1 - inputs["tool_mask"])
+        return super()._compute_loss(model, inputs)
+
+    def _get_per_token_logps_and_entropies(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if kwargs.get("compute_entropy"):
+            out[0].retain_grad()
+            self.logps = out[0]
+        return out
+
+
+def make_trainer(
+    tiny_model: str, retriever_url: str, collection: str, questions: list[Question], tmp: Path,
+    objective: str = "grpo", recipe: Any = None, steps: int = 2, **hp: Any,
+) -> Any:  # fmt: skip
+    params = Hyperparameters(
+        questions_per_step=2, num_generations=3, max_turns=2, max_new_tokens_per_step=12,
+        token_budget=96, learning_rate=1e-2, save_steps=100, **hp,
+    ).resolved("search-r1")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    recipe = recipe or LengthRecipe()
+    opts = RolloutOptions(
+        collection=collection, retriever_url=retriever_url, num_generations=params.num_generations,
+        episode={"max_steps": params.max_turns, "max_new_tokens_per_step": params.max_new_tokens_per_step,
+                 "token_budget": params.token_budget, "temperature": 1.0},
+        dynamic_sampling=bool(params.dynamic_sampling), max_resample=params.max_resample,
+    )  # fmt: skip
+    rollout = AgentRollout(recipe, questions, opts)
+    config = grpo_config(params, objective, steps=steps, output_dir=str(tmp / "out"), seed=0)
+    return build_grpo(model, tokenizer, rollout, questions, config, kl_estimator=params.kl_estimator or "k3")
+
+
+def test_grpo_moves_weights(tiny_model: str, retriever_url: str, collection: str,
+                            synthetic: dict[str, list[Question]], tmp_path: Path) -> None:  # fmt: skip
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert changed, "no parameter changed after two GRPO steps"
+    assert trainer.state.global_step == 2
+
+
+def test_k2_values() -> None:
+    logps = torch.tensor([[-1.0, -2.0, -0.5]])
+    ref = torch.tensor([[-3.0, -2.0, -0.5]])
+    assert k2_kl(logps, ref).tolist() == [[2.0, 0.0, 0.0]]
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert float(masked_sequence_mean(k2_kl(logps, ref), mask)) == pytest.approx(1.0)
+
+
+def test_injected_tokens_get_no_gradient(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
+) -> None:
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
+                           recipe=SpaceSearch(), steps=1)  # fmt: skip
+    trainer.__class__ = Probe
+    trainer.train()
+    episodes = trainer.rollout_func.last_episodes
+    assert all(e.retrieval_count == 2 and e.steps[0].information for e in episodes)
+    grad = trainer.logps.grad
+    assert trainer.injected_mask.sum() > 0, "no injected tokens in the batch"
+    assert torch.count_nonzero(grad[trainer.injected_mask.bool()]) == 0
+    assert torch.count_nonzero(grad[trainer.policy_mask.bool()]) > 0
+
+
+@pytest.mark.parametrize("objective", ["dapo", "dr_grpo"])
+def test_loss_types_run(objective: str, tiny_model: str, retriever_url: str, collection: str,
+                        synthetic: dict[str, list[Question]], tmp_path: Path) -> None:  # fmt: skip
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
+                           objective=objective, steps=1, epsilon_high=0.28)  # fmt: skip
+    assert trainer.loss_type == objective and trainer.epsilon_high == 0.28
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert "loss" in trainer.state.log_history[0]
+
+
+def test_k2_kl_in_training(tiny_model: str, retriever_url: str, collection: str,
+                           synthetic: dict[str, list[Question]], tmp_path: Path) -> None:  # fmt: skip
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
+                           steps=2, beta=0.1, kl_estimator="k2")  # fmt: skip
+    assert trainer.kl_estimator == "k2" and trainer.ref_model is not None
+    trainer.train()
+    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 0
