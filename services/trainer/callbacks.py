@@ -13,18 +13,25 @@
   trainer state), ``hoprl_state.json`` is written beside them (step, curriculum state, stage) and
   the checkpoint is registered. A checkpoint without that file is incomplete (the job died while
   saving) and is never resumed from: see :func:`latest_complete_checkpoint`.
+
+The project's own loops (PPO / DPO in :mod:`services.trainer.offpolicy`, R2AG's rounds in
+:mod:`services.trainer.r2ag_rounds`) write the same layout with :func:`save_loop_checkpoint`
+(weights, tokenizer, ``optimizer.pt``, ``rng_state.pth``, then :data:`STATE_FILE` last, with a
+``loop`` key naming the loop) and read it back with :func:`load_loop_checkpoint`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
-from transformers import TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hoprl.registry.store import Registry
 
@@ -36,6 +43,42 @@ def latest_complete_checkpoint(output_dir: Path) -> Path | None:
     """The highest ``checkpoint-N`` folder that holds :data:`STATE_FILE` (fully written)."""
     done = [p for p in output_dir.glob("checkpoint-*") if (p / STATE_FILE).is_file()]
     return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def save_loop_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any,
+                         registry: Registry, run_id: str, state: dict[str, Any],
+                         extra: Callable[[Path], None] | None = None) -> Path:  # fmt: skip
+    """``checkpoint-{step}`` in the TRL layout for a project loop; ``extra(folder)`` adds the loop's
+    own files; :data:`STATE_FILE` is written last (``{"step": step, **state}``), then the
+    checkpoint is registered with the latest metrics."""
+    folder = Path(output_dir) / f"checkpoint-{step}"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if extra is not None:
+        extra(folder)
+    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    torch.save({"python": random.getstate(), "torch": torch.get_rng_state()}, folder / "rng_state.pth")
+    (folder / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
+    registry.add_checkpoint(run_id, step, str(folder), registry.latest_metrics(run_id))
+    log.info("checkpoint %s (stage %s)", folder, state.get("stage"))
+    return folder
+
+
+def load_loop_checkpoint(folder: str | Path, model: Any, optimizer: Any, loop: str) -> dict[str, Any]:
+    """Load ``folder``'s weights into ``model``; when the checkpoint was written by the same ``loop``,
+    also the optimizer and RNG state, and return its state. A checkpoint of another kind (a GRPO
+    job's, say) only warm-starts the weights: the returned state is ``{"step": 0}``."""
+    folder = Path(folder)
+    model.load_state_dict(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict())
+    state = json.loads((folder / STATE_FILE).read_text()) if (folder / STATE_FILE).is_file() else {}
+    if state.get("loop") != loop:
+        log.info("checkpoint %s is not a %s checkpoint: weights only, starting at step 0", folder, loop)
+        return {"step": 0}
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt"))
+    rng = torch.load(folder / "rng_state.pth", weights_only=False)
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    return dict(state)
 
 
 class Curricula:

@@ -146,15 +146,35 @@ def train_dpo(
     The reference model is a frozen copy of the starting weights (TRL's default). Returns TRL's
     log history (loss, rewards/chosen, rewards/rejected, rewards/margins, ... per logged step).
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    model = AutoModelForCausalLM.from_pretrained(str(model_path))
+    trainer = dpo_trainer(model, tokenizer, pairs, config, out_dir)
+    trainer.train()
+    trainer.save_model(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return [dict(entry) for entry in trainer.state.log_history]
+
+
+def dpo_trainer(
+    model: Any,
+    tokenizer: Any,
+    pairs: Sequence[dict[str, Any]],
+    config: DPOJobConfig,
+    out_dir: str | Path,
+    ref_model: Any = None,
+    optimizers: tuple[Any, Any] = (None, None),
+) -> Any:
+    """TRL's DPOTrainer on in-memory models (what :func:`train_dpo` runs). The job loop
+    (:mod:`services.trainer.offpolicy`) builds one per step with the same ``ref_model`` and
+    ``optimizers``, so the reference stays the starting policy and Adam keeps its moments."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     if not pairs:
         raise ValueError("no preference pairs: store more samples per question or lower delta")
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    model = AutoModelForCausalLM.from_pretrained(str(model_path))
     args = DPOConfig(
         output_dir=str(out_dir),
         beta=config.beta,
@@ -167,13 +187,17 @@ def train_dpo(
         report_to=config.report_to,
         logging_steps=1,
         save_strategy="no",
+        disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available(),
     )
     columns = ("prompt", "chosen", "rejected")
     dataset = Dataset.from_list([{k: row[k] for k in columns} for row in pairs])
-    trainer = DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-    trainer.train()
-    trainer.save_model(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    return [dict(entry) for entry in trainer.state.log_history]
+    return DPOTrainer(
+        model=model,
+        ref_model=ref_model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        optimizers=optimizers,
+    )

@@ -13,15 +13,17 @@ started again, runs the same way:
 4. pick the checkpoint to resume: this run's latest *complete* checkpoint if any (a killed job),
    else ``resume_from`` (a job id's latest checkpoint, or a folder); restore the curriculum
    state from its ``hoprl_state.json``;
-5. train with the objective's trainer (``grpo`` / ``dapo`` / ``dr_grpo``, ``sft``; ``ppo`` and
-   ``dpo`` call :mod:`services.trainer.ppo` / :mod:`services.trainer.dpo` once they exist) and
-   save the final checkpoint.
+5. train with the objective's trainer and save the final checkpoint: ``grpo`` / ``dapo`` /
+   ``dr_grpo`` through TRL (for ``r2ag``: the progressive rounds of
+   :mod:`services.trainer.r2ag_rounds`), ``sft`` through TRL, ``ppo`` / ``dpo`` through
+   :mod:`services.trainer.offpolicy` (fresh rollouts, or another run's stored episodes with
+   ``episodes_from``). EVO-RAG's refusal check uses the judge service when ``TRAINER_JUDGE_URL``
+   is set, else the rules judge.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 import uuid
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hoprl.clients.judge import RemoteJudge
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
 from hoprl.data.sources import load
@@ -42,6 +45,7 @@ from hoprl.schemas import Question
 from services.policy.model import resolve_model
 from services.trainer.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
 from services.trainer.protocol import Hyperparameters, JobRequest
+from services.trainer.rollout import RolloutOptions
 from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger("hoprl.trainer")
@@ -131,6 +135,8 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
              run_id, request.recipe, request.objective, request.dataset, len(train), len(dev), path,
              resume, hp.model_dump())  # fmt: skip
     recipe = get_recipe(request.recipe, **hp.recipe_config)
+    if settings.judge_url and request.recipe == "evo-rag":
+        recipe.judge = RemoteJudge(settings.judge_url)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
     trainer = build_trainer(request, hp, recipe, model, tokenizer, train, dev, collection, settings,
@@ -142,6 +148,9 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
 
 
 def trainer_curricula(trainer: Any) -> Curricula:
+    if hasattr(trainer, "curricula"):  # the project's own loops (offpolicy, r2ag_rounds)
+        curricula: Curricula = trainer.curricula
+        return curricula
     callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, RunCallback))
     return callback.curricula
 
@@ -159,26 +168,18 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
         callback = RunCallback(registry, run_id, Curricula(recipe))
         config = sft_config(hp, request.steps, output_dir, request.seed)
         return build_sft(model, tokenizer, data, config, callbacks=[callback])
+    opts = rollout_options(request, hp, collection, settings)
     if request.objective in ("ppo", "dpo"):
-        # The PPO / DPO modules plug in with this one function (same arguments as this one,
-        # returning an object with Trainer's ``train(resume_from_checkpoint=...)``).
-        module = importlib.import_module(f"services.trainer.{request.objective}")
-        if not hasattr(module, "build_trainer"):
-            raise NotImplementedError(
-                f"services/trainer/{request.objective}.py has no build_trainer(...) for the job runner yet"
-            )
-        return module.build_trainer(request, hp, recipe, model, tokenizer, train, dev, collection,
-                                    settings, registry, run_id, output_dir)  # fmt: skip
-    from services.trainer.grpo import build_grpo, grpo_config
-    from services.trainer.rollout import AgentRollout, RolloutOptions
+        from services.trainer.offpolicy import OffPolicyTrainer
 
-    opts = RolloutOptions(
-        collection=collection, retriever_url=settings.retriever_url, num_generations=hp.num_generations,
-        episode={"max_steps": hp.max_turns, "max_new_tokens_per_step": hp.max_new_tokens_per_step,
-                 "token_budget": hp.token_budget, "temperature": hp.temperature,
-                 "search_mode": hp.search_mode},
-        dynamic_sampling=bool(hp.dynamic_sampling), max_resample=hp.max_resample, seed=request.seed,
-    )  # fmt: skip
+        return OffPolicyTrainer(request.objective, request, hp, recipe, model, tokenizer, train, dev, opts,
+                                registry, run_id, output_dir)  # fmt: skip
+    if request.recipe == "r2ag":
+        from services.trainer.r2ag_rounds import R2agRounds
+
+        return R2agRounds(request, hp, recipe, model, tokenizer, train, opts, registry, run_id, output_dir)
+    from services.trainer.grpo import build_grpo, grpo_config
+    from services.trainer.rollout import AgentRollout
 
     def sink(step: int, episodes: Any, per: list[dict[str, float]], totals: list[float]) -> None:
         rewards = [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
@@ -189,3 +190,15 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
     args = grpo_config(hp, request.objective, request.steps, output_dir, request.seed)
     callback = RunCallback(registry, run_id, curricula, rollout)
     return build_grpo(model, tokenizer, rollout, train, args, hp.kl_estimator or "k3", [callback])
+
+
+def rollout_options(request: JobRequest, hp: Hyperparameters, collection: str,
+                    settings: TrainerSettings) -> RolloutOptions:  # fmt: skip
+    """How every RL objective rolls out: one definition, so GRPO, PPO and DPO episodes match."""
+    return RolloutOptions(
+        collection=collection, retriever_url=settings.retriever_url, num_generations=hp.num_generations,
+        episode={"max_steps": hp.max_turns, "max_new_tokens_per_step": hp.max_new_tokens_per_step,
+                 "token_budget": hp.token_budget, "temperature": hp.temperature,
+                 "search_mode": hp.search_mode},
+        dynamic_sampling=bool(hp.dynamic_sampling), max_resample=hp.max_resample, seed=request.seed,
+    )  # fmt: skip

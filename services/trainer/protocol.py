@@ -53,6 +53,11 @@ class Hyperparameters(BaseModel):
     eval_questions: int = Field(16, ge=1, description="dev questions per curriculum check (EVO-RAG)")
     sft_epochs: float = Field(1.0, gt=0, description="SFT: passes over the expert data (steps wins if set)")
     expert_noise: float = Field(0.0, ge=0, le=1, description="SFT: share of noisy expert plans")
+    episodes_from: str | None = Field(
+        None,
+        description="PPO/DPO: train on this run's stored episodes (step by step) instead of fresh rollouts",
+    )
+    pair_delta: float = Field(0.1, ge=0, description="DPO: keep preference pairs whose margin exceeds this")
     recipe_config: dict[str, Any] = Field(
         default_factory=dict, description="the recipe's own config (e.g. when-to-search switch_step)"
     )

@@ -1,0 +1,122 @@
+"""PPO and DPO jobs through the job runner: fresh rollouts with the training model, registry rows,
+resumable checkpoints, and training on another run's stored episodes (``episodes_from``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hoprl.data.synthetic import write_jsonl
+from hoprl.recipes import RECIPES
+from hoprl.recipes.base import Action
+from hoprl.recipes.evo_rag import EvoRag
+from hoprl.registry.store import Registry
+from hoprl.schemas import Question
+from services.trainer.callbacks import STATE_FILE
+from services.trainer.jobs import run_job, submit
+from services.trainer.ppo import VALUE_HEAD_FILE
+from services.trainer.protocol import Hyperparameters, JobRequest
+from services.trainer.settings import TrainerSettings
+
+STEPS, GROUPS, SAMPLES = 2, 2, 4
+Env = tuple[TrainerSettings, Registry, Path]
+
+
+class ParityEvoRag(EvoRag):
+    """EVO-RAG with actions a random model takes: a segment ends at the first space and reads as
+    REFUSE (odd length) or BACKTRACK (even), so a group's returns differ and DPO finds pairs."""
+
+    stop = [" "]  # noqa: RUF012
+
+    def parse(self, segment: str) -> Action:
+        return Action("refuse") if len(segment) % 2 else Action("backtrack")
+
+
+@pytest.fixture(scope="module")
+def env(retriever_url: str, synthetic: dict[str, list[Question]],
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:  # fmt: skip
+    tmp = tmp_path_factory.mktemp("offpolicy")
+    data = tmp / "train.jsonl"
+    write_jsonl(data, synthetic["train"])
+    settings = TrainerSettings(database_url=f"sqlite:///{tmp / 'registry.db'}", runs_dir=tmp / "runs",
+                               retriever_url=retriever_url, torch_threads=1)  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp, Registry(settings.database_url) as registry:
+        mp.setitem(RECIPES, "evo-rag", ParityEvoRag)
+        yield settings, registry, data
+
+
+def run(env: Env, model: str, collection: str, objective: str,
+        steps: int = STEPS, **hp: Any) -> str:  # fmt: skip
+    settings, registry, data = env
+    params = Hyperparameters(
+        questions_per_step=GROUPS, num_generations=SAMPLES, max_turns=2, max_new_tokens_per_step=8,
+        token_budget=64, save_steps=1, eval_questions=1, learning_rate=1e-3, **hp,
+    )  # fmt: skip
+    request = JobRequest(recipe="evo-rag", objective=objective, model=model, dataset=str(data),
+                         collection=collection, steps=steps, hyperparameters=params)  # fmt: skip
+    run_id = submit(registry, request).id
+    run_job(run_id, settings, registry)
+    return run_id
+
+
+def changed(before: str, after: str) -> bool:
+    a = AutoModelForCausalLM.from_pretrained(before).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(after).state_dict()
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def ppo_run(env: Env, tiny_model: str, collection: str) -> str:
+    return run(env, tiny_model, collection, "ppo")
+
+
+def check_job(env: Env, run_id: str, model: str) -> list[Path]:
+    """Registry rows for every step, and resumable checkpoints that moved the weights."""
+    settings, registry, _ = env
+    per_step = [registry.count_episodes(run_id, step=s) for s in range(1, STEPS + 1)]
+    assert per_step == [GROUPS * SAMPLES] * STEPS
+    assert [s for s, _ in registry.metric_series(run_id, "step")] == list(range(1, STEPS + 1))
+    assert registry.current_stage(run_id) == "discovery"
+    folders = [Path(c.path) for c in registry.checkpoints(run_id)]
+    assert folders == [settings.runs_dir / run_id / f"checkpoint-{s}" for s in range(1, STEPS + 1)]
+    assert all((f / STATE_FILE).is_file() and (f / "optimizer.pt").is_file() for f in folders)
+    assert json.loads((folders[-1] / STATE_FILE).read_text())["step"] == STEPS
+    assert changed(model, str(folders[-1])), "no weight changed"
+    return folders
+
+
+def test_ppo_job(env: Env, ppo_run: str, tiny_model: str) -> None:
+    folders = check_job(env, ppo_run, tiny_model)
+    assert all((f / VALUE_HEAD_FILE).is_file() for f in folders)
+    registry = env[1]
+    assert {"loss", "pg_loss", "vf_loss", "reward", "rollout_s"} <= set(registry.latest_metrics(ppo_run))
+    rows = registry.episodes(ppo_run, step=1)
+    assert all("evo_rag" in r.trajectory["meta"] and "total" in r.rewards for r in rows)
+
+
+def test_dpo_job(env: Env, tiny_model: str, collection: str) -> None:
+    run_id = run(env, tiny_model, collection, "dpo")
+    check_job(env, run_id, tiny_model)
+    pairs = [v for _, v in env[1].metric_series(run_id, "pairs")]
+    assert len(pairs) == STEPS and sum(pairs) > 0
+    assert "loss" in env[1].latest_metrics(run_id)
+
+
+def test_episodes_from(env: Env, ppo_run: str, tiny_model: str,
+                       collection: str) -> None:  # fmt: skip
+    """A DPO job on the PPO run's stored episodes: the same episodes, step by step, cycled."""
+    registry = env[1]
+    run_id = run(env, tiny_model, collection, "dpo", steps=3, episodes_from=ppo_run)
+    source = {s: [r.trajectory for r in registry.episodes(ppo_run, step=s)] for s in (1, 2)}
+    for step, origin in ((1, 1), (2, 2), (3, 1)):
+        assert [r.trajectory for r in registry.episodes(run_id, step=step)] == source[origin]
+    assert "rollout_s" not in registry.latest_metrics(run_id)  # nothing was generated
+    assert changed(tiny_model, registry.checkpoints(run_id)[-1].path)
+    with pytest.raises(ValueError, match="not a run"):
+        run(env, tiny_model, collection, "ppo", steps=1, episodes_from="job-missing")

@@ -1,0 +1,96 @@
+"""R2AG's progressive rounds through the job runner: a round expands the forest one level, prunes it
+to its gold-hit branches, trains one step, and the forest survives in the checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hoprl.agent.trajectory import RetrievedDoc
+from hoprl.data.synthetic import hops_for, write_jsonl
+from hoprl.recipes import RECIPES
+from hoprl.recipes.base import Action
+from hoprl.recipes.r2ag import Node, R2ag, RetrievalTree, normalize_title
+from hoprl.registry.store import Registry
+from hoprl.schemas import Question
+from services.trainer.callbacks import STATE_FILE
+from services.trainer.jobs import run_job, submit
+from services.trainer.protocol import Hyperparameters, JobRequest
+from services.trainer.r2ag_rounds import group_advantages, tree_from_dict, tree_to_dict
+from services.trainer.settings import TrainerSettings
+
+SAMPLES = 4
+
+
+class TwoBranchR2ag(R2ag):
+    """R2AG with expansions a random model makes: a segment ends at the first space; odd length =
+    two base queries (one finds a gold document, one a distractor), even length = stop."""
+
+    stop = [" "]  # noqa: RUF012
+    hit, miss = "", ""
+
+    def parse(self, segment: str) -> Action:
+        if len(segment) % 2:
+            return Action("search", queries=[self.hit, self.miss], query_kinds=["base", "base"])
+        return Action("stop")
+
+
+def test_group_advantages_drop_flat_groups() -> None:
+    assert group_advantages([0.5, 0.5, 0.5]) is None
+    adv = group_advantages([1.0, 0.0])
+    assert adv is not None and adv[0] > 0 > adv[1] and sum(adv) == pytest.approx(0.0)
+
+
+def test_tree_round_trip() -> None:
+    doc = RetrievedDoc(id="d1", title="Acme", text="Acme was founded by Jane Roe.", score=1.0)
+    tree = RetrievalTree("Who founded Acme?", ["Acme"], Node("Who founded Acme?", "question"))
+    tree.root.children = [Node("Acme founder", "base", doc, [Node("x", "predicted", None, closed=True)])]
+    assert tree_to_dict(tree_from_dict(json.loads(json.dumps(tree_to_dict(tree))))) == tree_to_dict(tree)
+
+
+def test_round_expands_prunes_and_trains(tiny_model: str, retriever_url: str, collection: str,
+                                         synthetic: dict[str, list[Question]], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    question = synthetic["train"][0]
+    monkeypatch.setattr(TwoBranchR2ag, "hit", hops_for(question)[0].query)
+    monkeypatch.setattr(TwoBranchR2ag, "miss", next(p.title for p in question.paragraphs if not p.is_gold))
+    monkeypatch.setitem(RECIPES, "r2ag", TwoBranchR2ag)
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, synthetic["train"])
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    settings = TrainerSettings(database_url=url, runs_dir=tmp_path / "runs", retriever_url=retriever_url,
+                               torch_threads=1)  # fmt: skip
+    hp = Hyperparameters(questions_per_step=1, num_generations=SAMPLES, max_new_tokens_per_step=8,
+                         token_budget=64, save_steps=1, eval_questions=1, max_train_questions=1,
+                         learning_rate=1e-3)  # fmt: skip
+    request = JobRequest(recipe="r2ag", objective="dapo", model=tiny_model, dataset=str(data),
+                         collection=collection, steps=1, hyperparameters=hp)  # fmt: skip
+    with Registry(settings.database_url) as registry:
+        run_id = submit(registry, request).id
+        run_job(run_id, settings, registry)
+
+        rows = registry.episodes(run_id, step=1)
+        assert len(rows) == SAMPLES  # one open leaf (the root) x the group
+        totals = [r.total_reward for r in rows]
+        assert max(totals) > min(totals), "the group must have spread to train"
+        metrics = registry.latest_metrics(run_id)
+        assert metrics["dynamic/dropped"] == 0 and "loss" in metrics and metrics["gold_found"] > 0
+        assert [(w.step, w.from_stage, w.to_stage) for w in registry.stage_switches(run_id)] == [
+            (1, "round1", "round2")
+        ]
+        folder = Path(registry.latest_checkpoint(run_id).path)  # type: ignore[union-attr]
+    state = json.loads((folder / STATE_FILE).read_text())
+    assert state["loop"] == "r2ag-rounds" and state["round"] == 2 and state["question_ids"] == [question.id]
+    tree = tree_from_dict(state["forest"][0])
+    # the best expansion added the gold and the distractor branch; pruning kept only the gold one
+    [survivor] = tree.root.children
+    assert survivor.doc is not None and survivor.query == TwoBranchR2ag.hit
+    assert normalize_title(survivor.doc.title) in {normalize_title(t) for t in question.gold_titles}
+    assert [n.query for n in tree.frontier()] == [TwoBranchR2ag.hit]  # round 2 expands it
+    before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
