@@ -31,6 +31,12 @@ RECIPES: dict[str, type[Any]] = {
 }
 
 
+def reward_weights(recipe: Any) -> list[float]:
+    """The weight of each of ``recipe.reward_funcs()`` in the optimised reward (default: all 1)."""
+    weights = getattr(recipe, "reward_weights", None)
+    return list(weights()) if weights else [1.0] * len(recipe.reward_funcs())
+
+
 def get_recipe(name: str, **config: Any) -> Any:
     """A recipe instance by name, its config overridden by ``config``; unknown names list the valid ones."""
     if name not in RECIPES:

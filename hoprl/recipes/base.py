@@ -44,6 +44,8 @@ class Recipe(Protocol):
     Optional hooks the runner looks up with ``getattr``: ``max_steps`` (the recipe's own episode
     cap, e.g. EVO-RAG's T_max), ``retrieve_first`` (retrieve with the question before step 1 and
     call ``messages(question, docs=...)``), ``end_on_format_error`` (default True).
+    Optional for trainers: ``reward_weights()`` (one weight per reward function; default all 1),
+    so a recipe can return logging-only rewards (weight 0) beside the one it optimises.
     """
 
     @property

@@ -417,6 +417,10 @@ class R2ag:
     def information(self, docs: list[list[RetrievedDoc]]) -> str:
         return render_information(docs)
 
+    def reward_weights(self) -> list[float]:
+        """Only the total is optimised; the per-signal rewards after it are logged (weight 0)."""
+        return [1.0] + [0.0] * len(SIGNALS)
+
     def reward_funcs(self) -> list[RewardFunc]:
         return make_reward_funcs(self.config)
 

@@ -5,7 +5,7 @@ TRL does the optimisation; this module only configures it:
 - generation is :class:`~services.trainer.rollout.AgentRollout` (TRL's ``rollout_func``): the
   recipe's agent loop against the retriever, with the current weights, and ``env_mask`` = 0 on
   injected tokens, so they never enter the loss;
-- the rewards are the recipe's ``reward_funcs()`` (TRL sums them with weight 1 and logs each);
+- the rewards are the recipe's ``reward_funcs()``, weighted by its ``reward_weights`` (TRL logs each);
 - ``loss_type`` is the objective (``grpo``, ``dapo``, ``dr_grpo``), with ``epsilon`` /
   ``epsilon_high`` (R2AG: 0.2 / 0.28) and ``beta`` (0 = no KL, no reference model);
 - :class:`HoprlGRPOTrainer` swaps TRL's k3 KL estimator for ARENA's k2 when asked.
@@ -87,10 +87,22 @@ class HoprlGRPOTrainer(GRPOTrainer):
         return loss + beta * kl / accumulation
 
 
-def grpo_config(hp: Hyperparameters, objective: str, steps: int, output_dir: str, seed: int) -> GRPOConfig:
-    """TRL's config from resolved hyperparameters: one generation batch per optimizer step."""
+def grpo_config(
+    hp: Hyperparameters,
+    objective: str,
+    steps: int,
+    output_dir: str,
+    seed: int,
+    reward_weights: list[float] | None = None,
+) -> GRPOConfig:
+    """TRL's config from resolved hyperparameters: one generation batch per optimizer step.
+
+    ``reward_weights``: the recipe's (``hoprl.recipes.reward_weights``); without them TRL would sum
+    every reward function, including EVO-RAG's and R2AG's logging-only per-signal rewards.
+    """
     return GRPOConfig(
         output_dir=output_dir,
+        reward_weights=reward_weights,
         max_steps=steps,
         learning_rate=hp.learning_rate or 1e-5,
         per_device_train_batch_size=hp.questions_per_step * hp.num_generations,

@@ -38,7 +38,7 @@ from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
 from hoprl.data.sources import load
 from hoprl.evaluation import corpus_collection, ensure_indexed
-from hoprl.recipes import get_recipe
+from hoprl.recipes import get_recipe, reward_weights
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
@@ -187,7 +187,7 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
 
     rollout = AgentRollout(recipe, train, opts, sink=sink)
     curricula = Curricula(recipe, dev_return=lambda: rollout.evaluate(dev))
-    args = grpo_config(hp, request.objective, request.steps, output_dir, request.seed)
+    args = grpo_config(hp, request.objective, request.steps, output_dir, request.seed, reward_weights(recipe))
     callback = RunCallback(registry, run_id, curricula, rollout)
     return build_grpo(model, tokenizer, rollout, train, args, hp.kl_estimator or "k3", [callback])
 

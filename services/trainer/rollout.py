@@ -43,6 +43,7 @@ from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.recipes import reward_weights
 from hoprl.schemas import Question
 from services.policy.agent import EngineChat
 from services.policy.engines import TransformersEngine
@@ -200,7 +201,7 @@ class AgentRollout:
 
         with generation_mode(engine.model, self.opts.torch_threads):
             episodes = asyncio.run(run())
-        _, totals = score(self.reward_funcs, [1.0] * len(self.reward_funcs), episodes, list(questions))
+        _, totals = score(self.reward_funcs, reward_weights(self.recipe), episodes, list(questions))
         return sum(totals) / max(len(totals), 1)
 
     def question(self, prompt: Any) -> Question:

@@ -355,3 +355,15 @@ def test_protocol_surface(questions):
     assert "<information>" in info and "Acme Records" in info and "Jane Roe" in info
     with pytest.raises(ValueError):
         EvoRag(w_rett=(1.0, 1.0, 1.0))  # misspelt constant
+
+
+def test_only_the_total_is_optimised():
+    """The per-signal rewards are for logging: a trainer weights them 0 (TRL would sum them all)."""
+    from hoprl.recipes import get_recipe, reward_weights
+
+    for name in ("evo-rag", "r2ag"):
+        recipe = get_recipe(name)
+        weights = reward_weights(recipe)
+        assert len(weights) == len(recipe.reward_funcs())
+        assert weights[0] == 1.0 and set(weights[1:]) == {0.0}
+    assert reward_weights(get_recipe("arena")) == [1.0] * 4  # format + accuracy + relevance + bonus
