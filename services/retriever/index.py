@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Any
 
-import torch
-
-from hoprl.embedding import Embedder
+from hoprl.embedding import Embedder, torch_threads
 from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchRequest, SearchResponse
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sparse import Bm25, mean_length
@@ -56,10 +55,11 @@ class HybridIndex:
     """Collections of documents searchable by dense, BM25 and fused (RRF) queries."""
 
     def __init__(self, settings: RetrieverSettings, embedder: Embedder | None = None) -> None:
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
         self.settings = settings
         self.store = open_store(settings)
+        # Collection metadata never changes after creation; a server store would otherwise answer
+        # one extra HTTP call per search for it.
+        self._meta: dict[str, dict[str, Any]] = {}
         self.embedder = embedder or Embedder(
             settings.embedder, max_length=settings.embed_max_length, batch_size=settings.embed_batch_size
         )
@@ -70,7 +70,7 @@ class HybridIndex:
     # -- collections ---------------------------------------------------------------------------
     def info(self, name: str) -> CollectionInfo:
         self._require(name)
-        meta = self.store.meta(name)
+        meta = self.meta(name)
         return CollectionInfo(
             name=name, points=self.store.count(name), embedder=meta["embedder"], dim=meta["dim"]
         )
@@ -92,8 +92,14 @@ class HybridIndex:
             log.info("created collection %s (%s)", name, meta)
         return self.info(name)
 
+    def meta(self, name: str) -> dict[str, Any]:
+        if name not in self._meta:
+            self._meta[name] = self.store.meta(name)
+        return self._meta[name]
+
     def delete(self, name: str) -> None:
         self._require(name)
+        self._meta.pop(name, None)
         self.store.delete(name)
 
     def _require(self, name: str) -> None:
@@ -102,7 +108,7 @@ class HybridIndex:
 
     def _bm25(self, name: str) -> tuple[Bm25, Bm25]:
         """The (title + text, title) encoders of a collection, with its frozen avgdl values."""
-        s, meta = self.settings, self.store.meta(name)
+        s, meta = self.settings, self.meta(name)
         return (
             Bm25(k1=s.bm25_k1, b=s.bm25_b, avgdl=float(meta["avgdl"])),
             Bm25(k1=s.bm25_k1, b=s.bm25_b, avgdl=float(meta["avgdl_title"])),
@@ -114,7 +120,8 @@ class HybridIndex:
         start = time.perf_counter()
         self.create(name, documents)
         text_bm25, title_bm25 = self._bm25(name)
-        dense = self.embedder.encode([dense_text(d) for d in documents])
+        with torch_threads(self.settings.torch_threads):
+            dense = self.embedder.encode([dense_text(d) for d in documents])
         points = [
             PointIn(
                 doc_id=d.id,
@@ -170,7 +177,8 @@ class HybridIndex:
     def _dense(self, request: SearchRequest) -> list[list[float] | None]:
         if request.mode == "sparse":
             return [None] * len(request.queries)
-        return [v.tolist() for v in self.embedder.encode(request.queries)]
+        with torch_threads(self.settings.query_threads):
+            return [v.tolist() for v in self.embedder.encode(request.queries)]
 
 
 def _hit(row: ScoredPayload, rank: int) -> Hit:

@@ -40,7 +40,10 @@ class RetrieverSettings(BaseSettings):
         "as 256 does (hybrid R@5 0.910 vs 0.911) and indexes about twice as fast (docs/retrieval.md)",
     )
     embed_batch_size: int = Field(32, ge=1, le=512)
-    torch_threads: int = Field(0, ge=0, description="0 = torch default")
+    torch_threads: int = Field(0, ge=0, description="torch threads for indexing; 0 = every core")
+    query_threads: int = Field(
+        1, ge=0, description="torch threads for query encoding: 1 keeps tail latency low under load"
+    )
 
     bm25_k1: float = Field(1.2, gt=0)
     bm25_b: float = Field(0.75, ge=0, le=1)
