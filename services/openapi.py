@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from fastapi import FastAPI
 
 from services.judge.app import create_app as judge_app
 from services.policy.app import create_app as policy_app
 from services.retriever.app import create_app as retriever_app
 from services.trainer.app import create_app as trainer_app
 
-APPS = {"retriever": retriever_app, "policy": policy_app, "judge": judge_app, "trainer": trainer_app}
+APPS: dict[str, Callable[[], FastAPI]] = {
+    "retriever": retriever_app,
+    "policy": policy_app,
+    "judge": judge_app,
+    "trainer": trainer_app,
+}
 
 
 def main(out: str = "openapi") -> None:

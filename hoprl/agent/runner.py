@@ -113,9 +113,13 @@ class _Run:
         self.recipe, self.question, self.llm, self.retriever = recipe, question, llm, retriever
         self.collection, self.opts = collection, opts
         self.episode = Episode(
-            recipe=recipe.name, question_id=question.id, question=question.question,
-            answers=list(question.answers), gold_titles=list(question.gold_titles),
-            sample=sample, outcome="step_cap",
+            recipe=recipe.name,
+            question_id=question.id,
+            question=question.question,
+            answers=list(question.answers),
+            gold_titles=list(question.gold_titles),
+            sample=sample,
+            outcome="step_cap",
             # What the knowledge base holds for this question: answerability judgements (EVO-RAG's
             # r_ref) look at it, so refusing before searching cannot pass for a valid refusal.
             meta={"gold_evidence": [p.text for p in question.paragraphs if p.is_gold]},
@@ -139,8 +143,12 @@ class _Run:
     async def generate(self, max_tokens: int) -> Completion:
         start = time.perf_counter()
         (completion,) = await self.llm.chat(
-            self.messages, stop=list(self.recipe.stop), max_tokens=max_tokens,
-            temperature=self.opts.temperature, top_p=self.opts.top_p, seed=self.seed,
+            self.messages,
+            stop=list(self.recipe.stop),
+            max_tokens=max_tokens,
+            temperature=self.opts.temperature,
+            top_p=self.opts.top_p,
+            seed=self.seed,
             logprobs=self.opts.logprobs,
         )
         self.episode.timings["generation"] += time.perf_counter() - start
@@ -212,9 +220,13 @@ class _Run:
 
     def record(self, t: int, text: str, action: Action) -> Step:
         step = Step(
-            t=t, action=action.kind, text=text, queries=list(action.queries),
+            t=t,
+            action=action.kind,
+            text=text,
+            queries=list(action.queries),
             query_kinds=list(action.query_kinds) or ["search"] * len(action.queries),
-            answer=action.answer, error=action.error,
+            answer=action.answer,
+            error=action.error,
         )
         if t == 1 and self.first_docs is not None:
             step.queries = [self.question.question, *step.queries]

@@ -56,15 +56,18 @@ class Lenient(SearchR1):
 
 @pytest.fixture(scope="module")
 def url(retriever_url: str) -> str:
-    docs = [Document(id="acme", title="Acme Records", text="Acme Records was founded by Jane Roe."),
-            Document(id="jane", title="Jane Roe", text="Jane Roe was born in Velmora.")]
+    docs = [
+        Document(id="acme", title="Acme Records", text="Acme Records was founded by Jane Roe."),
+        Document(id="jane", title="Jane Roe", text="Jane Roe was born in Velmora."),
+    ]
     with RetrieverClient(retriever_url) as client:
         client.ingest(COLLECTION, docs)
     return retriever_url
 
 
-def episode(url: str, script: list[str], recipe: Any = None, server: dict[str, Any] | None = None,
-            **options: Any) -> tuple[Episode, Any]:
+def episode(
+    url: str, script: list[str], recipe: Any = None, server: dict[str, Any] | None = None, **options: Any
+) -> tuple[Episode, Any]:
     app = scripted.create_app({Q.question: script}, **(server or {}))
 
     async def go(llm_url: str) -> Episode:

@@ -101,9 +101,20 @@ def test_expert_episode_for_every_recipe(
     app = scripted.create_app({k: [s + JUNK for s in v] for k, v in segments.items()})
     with LocalServer(app) as server:
         episodes: list[Episode] = run(
-            lambda llm, ret: run_episodes(recipe, questions, llm, ret, COLLECTION, n_samples=2, concurrency=4,
-                                          max_steps=8, seed=11, temperature=0.7),
-            server.url + "/v1", retriever_url,
+            lambda llm, ret: run_episodes(
+                recipe,
+                questions,
+                llm,
+                ret,
+                COLLECTION,
+                n_samples=2,
+                concurrency=4,
+                max_steps=8,
+                seed=11,
+                temperature=0.7,
+            ),
+            server.url + "/v1",
+            retriever_url,
         )
     assert [(e.question_id, e.sample) for e in episodes] == [(q.id, s) for q in questions for s in (0, 1)]
     for ep in episodes:
@@ -127,8 +138,10 @@ def test_expert_episode_for_every_recipe(
     last = max((r for r in app.state.requests), key=lambda r: len(r["messages"]))
     roles = [m["role"] for m in last["messages"]]
     assert roles[:2] == ["system", "user"] and roles[2:] == ["assistant", "user"] * ((len(roles) - 2) // 2)
-    rewards = [fn([""] * len(episodes), [""] * len(episodes), **columns(episodes, questions))
-               for fn in recipe.reward_funcs()]
+    rewards = [
+        fn([""] * len(episodes), [""] * len(episodes), **columns(episodes, questions))
+        for fn in recipe.reward_funcs()
+    ]
     totals = [sum(r or 0.0 for r in row) for row in zip(*rewards, strict=True)]
     assert totals == pytest.approx([expected_reward(name, e) for e in episodes], abs=1e-5)
 
@@ -138,8 +151,9 @@ def test_naive_rag_retrieves_first(questions: list[SyntheticQuestion], retriever
     q = questions[1]
     app = scripted.create_app({q.question: recipe.expert_segments(q)})
     with LocalServer(app) as server:
-        ep = run(lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION), server.url + "/v1",
-                 retriever_url)
+        ep = run(
+            lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION), server.url + "/v1", retriever_url
+        )
     (step,) = ep.steps
     assert step.queries == [q.question] and len(step.docs[0]) == recipe.top_k
     assert step.information == ""  # the documents are in the prompt
@@ -152,6 +166,7 @@ def test_arena_needs_no_retrieval(questions: list[SyntheticQuestion], retriever_
     q = questions[0]
     app = scripted.create_app({q.question: recipe.expert_segments(q)})
     with LocalServer(app) as server:
-        ep = run(lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION), server.url + "/v1",
-                 retriever_url)
+        ep = run(
+            lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION), server.url + "/v1", retriever_url
+        )
     assert ep.outcome == "answer" and ep.retrieval_count == 0 and ep.timings["retrieval"] == 0.0

@@ -41,22 +41,38 @@ def tokenizer() -> Any:
 
 def episode(steps: list[Step]) -> Episode:
     return Episode(
-        recipe="search-r1", question_id="q1", question="Who founded Acme?",
-        prompt=[{"role": "system", "content": "Search, then answer."},
-                {"role": "user", "content": "Question: Who founded Acme?"}],
+        recipe="search-r1",
+        question_id="q1",
+        question="Who founded Acme?",
+        prompt=[
+            {"role": "system", "content": "Search, then answer."},
+            {"role": "user", "content": "Question: Who founded Acme?"},
+        ],
         steps=steps,
     )
 
 
 INFO_1 = "<information>\n[1] Acme: founded by Jane Roe.\n</information>"
 INFO_2 = "<information>\n[1] Jane Roe: born in Tokyo.\n</information>"
-SEARCH_EPISODE = episode([
-    Step(t=1, action="search", text="<think>I need Acme's founder.</think>\n<search> Acme founder</search>",
-         queries=["Acme founder"], information=INFO_1),
-    Step(t=2, action="search", text="<think>Où est né Jane Roe? 東京?</think><search>Jane Roe 🚀</search>",
-         queries=["Jane Roe"], information=INFO_2),
-    Step(t=3, action="answer", text="<answer>Jane Roe</answer>", answer="Jane Roe"),
-])
+SEARCH_EPISODE = episode(
+    [
+        Step(
+            t=1,
+            action="search",
+            text="<think>I need Acme's founder.</think>\n<search> Acme founder</search>",
+            queries=["Acme founder"],
+            information=INFO_1,
+        ),
+        Step(
+            t=2,
+            action="search",
+            text="<think>Où est né Jane Roe? 東京?</think><search>Jane Roe 🚀</search>",
+            queries=["Jane Roe"],
+            information=INFO_2,
+        ),
+        Step(t=3, action="answer", text="<answer>Jane Roe</answer>", answer="Jane Roe"),
+    ]
+)
 
 
 def decode(tok: Any, ids: list[int]) -> str:

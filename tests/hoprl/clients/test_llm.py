@@ -62,8 +62,9 @@ def chat(app: Any, **kwargs: Any) -> list[Completion]:
 
 @pytest.mark.parametrize("report", [True, False])
 def test_stop_text_is_kept_and_the_rest_cut(report: bool) -> None:
-    app = scripted().create_app({"Q1": ["<think>t</think><search>acme</search><information>fake"]},
-                                report_stop_reason=report)
+    app = scripted().create_app(
+        {"Q1": ["<think>t</think><search>acme</search><information>fake"]}, report_stop_reason=report
+    )
     (c,) = chat(app, stop=STOP, max_tokens=50)
     assert c.text == "<think>t</think><search>acme</search>"
     assert (c.finish_reason, c.stop) == ("stop", "</search>")

@@ -57,8 +57,14 @@ def test_names_versions_and_paragraph_dicts() -> None:
 
 
 def test_rewards_from_episodes_and_missing_paragraphs() -> None:
-    ep = Episode(recipe="arena", question_id="q", question="q", answers=GOLD, final_answer="Paris",
-                 steps=[Step(t=1, action="answer", text=out("[2]"), answer="Paris")])
+    ep = Episode(
+        recipe="arena",
+        question_id="q",
+        question="q",
+        answers=GOLD,
+        final_answer="Paris",
+        steps=[Step(t=1, action="answer", text=out("[2]"), answer="Paris")],
+    )
     assert make_arena_reward()([""], [""], episodes=[ep], paragraphs=[PARAGRAPHS]) == [2.5]
     with pytest.raises(ValueError, match="paragraphs"):
         make_arena_reward()([""], [""], episodes=[ep])

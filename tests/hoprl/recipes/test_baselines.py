@@ -58,8 +58,9 @@ def test_naive_rag_parse_and_messages_with_documents() -> None:
     assert recipe.parse("<answer>1912</answer>").answer == "1912"
     assert recipe.parse("The answer is 1912").kind == "format_error"
     q = SyntheticQuestion(id="q", dataset="d", split="dev", question="When?", answers=["1912"])
-    docs = [[RetrievedDoc(id="a", title="Acme", text="Founded 1912."),
-             RetrievedDoc(id="b", title="B", text="x")]]
+    docs = [
+        [RetrievedDoc(id="a", title="Acme", text="Founded 1912."), RetrievedDoc(id="b", title="B", text="x")]
+    ]
     user = recipe.messages(q, docs=docs)[1]["content"]
     assert "[1] Acme: Founded 1912.\n[2] B: x" in user and user.endswith("Question: When?")
     assert "Documents" not in recipe.messages(q)[1]["content"]
@@ -129,6 +130,12 @@ def test_expert_steps_make_a_valid_episode(questions: list[Any]) -> None:
     q = questions[0]
     segments = SearchR1().expert_segments(q)
     steps = [Step(t=i + 1, action="search", text=s) for i, s in enumerate(segments)]
-    ep = Episode(recipe="search-r1", question_id=q.id, question=q.question, answers=q.answers,
-                 steps=steps, final_answer=SearchR1().parse(segments[-1]).answer)
+    ep = Episode(
+        recipe="search-r1",
+        question_id=q.id,
+        question=q.question,
+        answers=q.answers,
+        steps=steps,
+        final_answer=SearchR1().parse(segments[-1]).answer,
+    )
     assert exact_match_reward([""], [""], episodes=[ep]) == [1.0]

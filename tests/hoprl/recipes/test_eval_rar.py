@@ -16,13 +16,27 @@ def episode(evaluations: list[str], answer: str | None) -> Episode:
     """A search episode: one search step per evaluation, then the answer (if any)."""
     steps, review = [], ""
     for t, ev in enumerate(evaluations, 1):
-        steps.append(Step(t=t, action="search", text=f"{review}<think>t</think><search>q{t}</search>",
-                          queries=[f"q{t}"], information=INFO))
+        steps.append(
+            Step(
+                t=t,
+                action="search",
+                text=f"{review}<think>t</think><search>q{t}</search>",
+                queries=[f"q{t}"],
+                information=INFO,
+            )
+        )
         review = f"<evaluate>{ev}</evaluate>\n"
     if answer is not None:
         steps.append(Step(t=len(steps) + 1, action="answer", text=f"{review}<answer>{answer}</answer>"))
-    return Episode(recipe="eval-rar", question_id="q", question="Who founded Acme?", answers=GOLD,
-                   steps=steps, final_answer=answer, outcome="answer" if answer else "step_cap")
+    return Episode(
+        recipe="eval-rar",
+        question_id="q",
+        question="Who founded Acme?",
+        answers=GOLD,
+        steps=steps,
+        final_answer=answer,
+        outcome="answer" if answer else "step_cap",
+    )
 
 
 # (evaluate blocks, final answer, R_ans by hand, gold in evaluate by hand)

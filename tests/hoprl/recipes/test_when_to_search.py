@@ -21,14 +21,32 @@ def episode(queries: list[str], answer: str | None) -> Episode:
     """A well-formed episode: think + search per query, reflect after each information, answer."""
     steps, review = [], ""
     for t, q in enumerate(queries, 1):
-        steps.append(Step(t=t, action="search", text=f"{review}<think>t</think>\n<search>{q}</search>",
-                          queries=[q], information=INFO))
+        steps.append(
+            Step(
+                t=t,
+                action="search",
+                text=f"{review}<think>t</think>\n<search>{q}</search>",
+                queries=[q],
+                information=INFO,
+            )
+        )
         review = "<reflect>The document names the founder.</reflect>\n"
     if answer is not None:
-        steps.append(Step(t=len(queries) + 1, action="answer",
-                          text=f"{review}<think>done</think>\n<answer>{answer}</answer>"))
-    return Episode(recipe="when-to-search", question_id="q", question="Who founded Acme?", answers=GOLD,
-                   steps=steps, final_answer=answer)
+        steps.append(
+            Step(
+                t=len(queries) + 1,
+                action="answer",
+                text=f"{review}<think>done</think>\n<answer>{answer}</answer>",
+            )
+        )
+    return Episode(
+        recipe="when-to-search",
+        question_id="q",
+        question="Who founded Acme?",
+        answers=GOLD,
+        steps=steps,
+        final_answer=answer,
+    )
 
 
 def rewards(recipe: WhenToSearch, ep: Episode) -> list[float | None]:
@@ -44,10 +62,22 @@ def cosine_penalty(queries: list[str]) -> float:
 
 # (stage, RC, correct, r_a by hand with b = 0.3)
 ANSWER_ROWS = [
-    (1, 0, True, 1.0), (1, 1, True, 1.0), (1, 2, True, 1.0), (1, 3, True, 1.0),
-    (1, 0, False, -1.0), (1, 1, False, -0.7), (1, 2, False, -0.4), (1, 3, False, -0.1),
-    (2, 0, True, 1.0), (2, 1, True, 0.7), (2, 2, True, 0.4), (2, 3, True, 0.1),
-    (2, 0, False, -1.0), (2, 1, False, -1.0), (2, 2, False, -1.0), (2, 3, False, -1.0),
+    (1, 0, True, 1.0),
+    (1, 1, True, 1.0),
+    (1, 2, True, 1.0),
+    (1, 3, True, 1.0),
+    (1, 0, False, -1.0),
+    (1, 1, False, -0.7),
+    (1, 2, False, -0.4),
+    (1, 3, False, -0.1),
+    (2, 0, True, 1.0),
+    (2, 1, True, 0.7),
+    (2, 2, True, 0.4),
+    (2, 3, True, 0.1),
+    (2, 0, False, -1.0),
+    (2, 1, False, -1.0),
+    (2, 2, False, -1.0),
+    (2, 3, False, -1.0),
 ]
 
 
@@ -91,10 +121,16 @@ def test_repeated_identical_queries_cost_almost_one() -> None:
     ("text", "ok"),
     [
         ("<think>t</think><answer>a</answer>", True),
-        ("<think>t</think><search>q</search>" + INFO + "<reflect>r</reflect><think>t</think>"
-         "<answer>a</answer>", True),
-        ("<think>t</think><search>q</search><reflect>r</reflect><search>q2</search><reflect>r</reflect>"
-         "<answer>a</answer>", True),
+        (
+            "<think>t</think><search>q</search>" + INFO + "<reflect>r</reflect><think>t</think>"
+            "<answer>a</answer>",
+            True,
+        ),
+        (
+            "<think>t</think><search>q</search><reflect>r</reflect><search>q2</search><reflect>r</reflect>"
+            "<answer>a</answer>",
+            True,
+        ),
         ("<search>q</search><reflect>r</reflect><answer>a</answer>", False),  # no think first
         ("<think>t</think><search>q</search><answer>a</answer>", False),  # search never reflected on
         ("<think>t</think><search>q</search><reflect>r</reflect>", False),  # no answer

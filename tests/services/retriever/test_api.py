@@ -30,19 +30,18 @@ def test_search_finds_the_matching_document(service: str, mode: str) -> None:
 
 
 def test_hybrid_fuses_dense_and_sparse(service: str) -> None:
-    """Qdrant's RRF adds 1 / ((rank0 + 1) / w + k - 1) per list; k = 2, w = 1: first in both = 1/1 + 1/1...
+    """Qdrant's RRF adds 1 / ((rank0 + 1) / w + k - 1) per list.
 
-    ...halved by k - 1 = 1: each list gives 1 / (1 + 1) = 0.5, so a document first in both scores 1.0.
+    With k = 2 and w = 1 a first place gives 1 / (1 + 1) = 0.5, so first in both lists scores 1.0.
     """
-    with RetrieverClient(service) as client:
-        body = {
-            "collection": "tiny",
-            "queries": ["Acme Records founded 1961 Jane Roe"],
-            "top_k": 1,
-            "mode": "hybrid",
-            "feedback": False,
-        }
-        hits = httpx.post(f"{service}/v1/search", json=body).json()["results"][0]
+    body = {
+        "collection": "tiny",
+        "queries": ["Acme Records founded 1961 Jane Roe"],
+        "top_k": 1,
+        "mode": "hybrid",
+        "feedback": False,
+    }
+    hits = httpx.post(f"{service}/v1/search", json=body).json()["results"][0]
     assert hits[0]["id"] == "acme"
     assert hits[0]["score"] == pytest.approx(1.0, rel=1e-4)
 
