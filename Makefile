@@ -11,7 +11,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run test lint bench openapi services clean help
+.PHONY: venv run test lint bench openapi services up clean help
 
 help:
 	@echo "make run      evaluate retrieval on DATASET=$(DATASET) through the retriever service"
@@ -19,6 +19,7 @@ help:
 	@echo "make lint     ruff + mypy"
 	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
 	@echo "make openapi  write each service's OpenAPI spec to openapi/"
+	@echo "make up       docker compose up (PROFILE=gpu by default, PROFILE=cpu without a GPU)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,9 +51,14 @@ lint: venv
 
 bench: venv
 	$(BIN)/python bench/retrieval.py --data ../shared/data/hotpotqa_dev.jsonl
+	$(BIN)/python bench/policy.py --quick
 
 openapi: venv
 	$(BIN)/python -m services.openapi openapi
+
+PROFILE ?= gpu
+up:
+	docker compose --profile $(PROFILE) up -d
 
 clean:
 	rm -rf $(VENV) .hoprl .mypy_cache .ruff_cache
