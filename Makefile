@@ -11,10 +11,11 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run test lint bench openapi services up clean help
+.PHONY: venv run pipeline test lint bench openapi services up clean help
 
 help:
 	@echo "make run      evaluate retrieval on DATASET=$(DATASET) through the retriever service"
+	@echo "make pipeline the whole training pipeline (Prefect flows) on the embedded default"
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
 	@echo "make lint     ruff + mypy"
 	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
@@ -40,6 +41,11 @@ services:
 
 run: venv
 	$(BIN)/hoprl eval-retrieval --data $(DATASET) --mode dense sparse hybrid --k 2 5 10
+
+# The whole pipeline on the embedded default (synthetic world, SmolLM2, SFT then GRPO); see README.
+PIPELINE_ARGS ?= --steps 4 --segments 2 --sft-steps 2 --eval-limit 12 --dev-limit 4
+pipeline: venv
+	$(BIN)/hoprl pipeline $(PIPELINE_ARGS)
 
 test: venv services
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -239,6 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--json", action="store_true", help="print the reports as one JSON list")
     ans.set_defaults(func=cmd_eval_answers)
 
+    from hoprl import pipeline_cli
+
+    pipe = sub.add_parser(
+        "pipeline",
+        help="the whole pipeline: data, index, baseline, SFT, RL, evaluation",
+        description="Run the Prefect `pipeline` flow: prepare data, build the index, "
+        "evaluate the untrained policy, SFT warm start, RL in segments with the recipe's "
+        "curriculum, final evaluation, and a report with plots. Services start as local "
+        "processes unless HOPRL_*_URL point at running ones. Re-run with --run-id to resume.",
+    )
+    pipeline_cli.add_arguments(pipe)
+    pipe.set_defaults(func=pipeline_cli.main)
+
     syn = sub.add_parser("synth", help="write the synthetic multi-hop world as JSONL files")
     syn.add_argument("--seed", type=int, default=0)
     syn.add_argument("--out", type=Path, default=Path("data/synthetic"))

@@ -1,0 +1,182 @@
+"""``evaluate``: answer a split through the served policy, score it, store it, publish the report.
+
+One evaluation is what an application would see: every question goes through ``POST /v1/answer``
+(:func:`hoprl.answer_eval.evaluate_answers`), so EM / F1, retrieval count and latency include the
+agent loop and the HTTP round trips. On top of that:
+
+- **judge accuracy**: the judge service grades each answer (semantic equivalence, aliases); an
+  unanswerable question counts as correct when the agent refused it;
+- **retrieval metrics**: Recall@K, Full-Recall@K and mAP of the retriever on the run's index,
+  with each question as the query, against the gold paragraphs;
+- the evaluation and its per-question predictions are stored in the registry (the paired
+  bootstrap against the baseline reads them), the predictions also as
+  ``<run folder>/evals/<label>.json``, and the run's report is published again
+  (:func:`flows.report.publish_report`).
+
+``label`` names the evaluation in the report (``baseline``, ``final``, ``baseline/naive-rag``);
+the one labelled ``baseline`` is what the others are compared against.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from flows.report import publish_report
+from flows.runs import registry, run_dir
+from hoprl.answer_eval import evaluate_answers
+from hoprl.clients.judge import AnswerItem, JudgeClient
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.data.corpus import gold_ids
+from hoprl.data.jsonl import load_questions
+from hoprl.metrics.retrieval import retrieval_report
+from hoprl.registry import Prediction
+
+KS = (2, 5, 10)
+JUDGE_BATCH = 64
+SUMMARY_KEYS = (
+    "questions",
+    "em",
+    "f1",
+    "retrieval_count",
+    "latency_p50_s",
+    "latency_p99_s",
+    "retrieval_s",
+    "generation_s",
+    "errors",
+    "outcomes",
+    "seconds",
+)
+
+
+@task(retries=1, retry_delay_seconds=10)
+def answer_questions(
+    questions_path: str,
+    limit: int | None,
+    recipe: str,
+    collection: str,
+    policy_url: str,
+    retriever_url: str,
+    out: str,
+) -> dict[str, Any]:
+    """Ask the policy every question; write the per-question rows to ``out``, return the summary."""
+    questions = load_questions(questions_path, limit)
+    report = evaluate_answers(policy_url, retriever_url, questions, recipe, collection)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report["predictions"], indent=1))
+    return {k: report[k] for k in SUMMARY_KEYS}
+
+
+@task(retries=2, retry_delay_seconds=5)
+def judge_answers(
+    predictions_path: str, questions_path: str, limit: int | None, judge_url: str
+) -> list[bool]:
+    """One verdict per prediction; refusing an unanswerable question is correct."""
+    rows = json.loads(Path(predictions_path).read_text())
+    questions = {q.id: q for q in load_questions(questions_path, limit)}
+    graded = [r for r in rows if r["answers"]]
+    items = [
+        AnswerItem(
+            question=questions[r["id"]].question, prediction=r["prediction"] or "", references=r["answers"]
+        )
+        for r in graded
+    ]
+    with JudgeClient(judge_url) as client:
+        verdicts = [
+            v.verdict
+            for i in range(0, len(items), JUDGE_BATCH)
+            for v in client.answer(items[i : i + JUDGE_BATCH])
+        ]
+    by_id = dict(zip((r["id"] for r in graded), verdicts, strict=True))
+    return [by_id.get(r["id"], r["outcome"] == "refused") for r in rows]
+
+
+@task(retries=2, retry_delay_seconds=5)
+def retrieval_metrics(
+    questions_path: str, limit: int | None, collection: str, retriever_url: str
+) -> dict[str, float]:
+    """Recall@K / Full-Recall@K / mAP of a hybrid search with each question as the query.
+
+    A chunk counts as its paragraph (ids ``<doc id>#<n>``), at its best rank.
+    """
+    questions = [q for q in load_questions(questions_path, limit) if gold_ids(q)]
+    if not questions:
+        return {}
+    with RetrieverClient(retriever_url) as client:
+        hits = client.search(collection, [q.question for q in questions], top_k=max(KS), mode="hybrid")
+    rankings = [list(dict.fromkeys(h.id.split("#")[0] for h in row)) for row in hits]
+    report = retrieval_report(rankings, [gold_ids(q) for q in questions], KS)
+    return {k: v for k, v in report.items() if k != "questions"}
+
+
+def predictions(rows: list[dict[str, Any]], verdicts: list[bool]) -> list[Prediction]:
+    return [
+        Prediction(
+            question_id=r["id"],
+            prediction=r["prediction"] or "",
+            refused=r["outcome"] == "refused",
+            em=r["em"],
+            f1=r["f1"],
+            judge_verdict=v,
+            retrieval_count=r["retrievals"],
+            latency=r["latency_s"],
+        )
+        for r, v in zip(rows, verdicts, strict=True)
+    ]
+
+
+@flow(name="evaluate")
+def evaluate(
+    run_id: str,
+    label: str,
+    questions_path: str,
+    collection: str,
+    recipe: str,
+    policy_url: str,
+    retriever_url: str,
+    judge_url: str,
+    dataset: str = "",
+    limit: int | None = None,
+    checkpoint_id: int | None = None,
+) -> dict[str, Any]:
+    """Evaluate the policy as served now on ``questions_path[:limit]`` and publish the run's report.
+
+    Args:
+        label: the evaluation's name in the report; ``baseline`` is the reference of the p-values.
+        dataset: the dataset's name in the report (default: the file's stem).
+        checkpoint_id: the registry id of the checkpoint being served, if any.
+
+    Returns ``{"evaluation_id", "metrics", "report"}`` (``report``: the report's path).
+    """
+    split = Path(questions_path).stem
+    out = run_dir(run_id) / "evals" / f"{label.replace('/', '-')}.json"
+    summary = answer_questions(questions_path, limit, recipe, collection, policy_url, retriever_url, str(out))
+    verdicts = judge_answers(str(out), questions_path, limit, judge_url)
+    retrieval = retrieval_metrics(questions_path, limit, collection, retriever_url)
+    rows = json.loads(out.read_text())
+    metrics = {
+        **summary,
+        **retrieval,
+        "judge_accuracy": sum(verdicts) / max(1, len(verdicts)),
+        "label": label,
+        "recipe": recipe,
+        "collection": collection,
+    }
+    evaluation_id = registry().add_evaluation(
+        run_id, dataset or split, split, metrics, predictions(rows, verdicts), checkpoint=checkpoint_id
+    )
+    get_run_logger().info(
+        "evaluation %d (%s, %s): EM %.3f, F1 %.3f, judge %.3f, %.2f retrievals",
+        evaluation_id,
+        label,
+        recipe,
+        metrics["em"],
+        metrics["f1"],
+        metrics["judge_accuracy"],
+        metrics["retrieval_count"],
+    )
+    report = publish_report(run_id)
+    return {"evaluation_id": evaluation_id, "metrics": metrics, "report": report}

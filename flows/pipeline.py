@@ -1,0 +1,256 @@
+"""``pipeline``: the whole story of a run, end to end, resumable by run id.
+
+    prepare_data -> build_index -> evaluate (baselines, untrained model) -> warm_start (SFT)
+      -> train (RL in segments, curriculum between them) -> evaluate (final checkpoint) -> summary
+
+Each stage is a Prefect (sub)flow, so the Prefect UI shows the run as this chain, with the report
+and the plots as artifacts. The registry run (``runs`` row, id ``run_id``) is created first and
+linked to the flow run; every stage that finishes leaves a mark in the registry (see
+:mod:`flows.runs`), so ``pipeline(run_id="same-id")`` after a crash skips the finished stages,
+resumes training from the latest checkpoint and writes no episode twice.
+
+The services are those named by ``HOPRL_*_URL`` (compose), else local processes started for the
+run (:func:`flows.services.services`). Start it from Python, ``hoprl pipeline``, or a deployment
+(``prefect deployment run pipeline/pipeline -p recipe=evo-rag``, see infra/prefect/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from flows.data import build_index, prepare_data
+from flows.evaluate import evaluate
+from flows.runs import done, link_flow_run, mark, registry, run_dir
+from flows.services import ServiceUrls, services
+from flows.training import serve_checkpoint, train, warm_start
+from services.policy.model import resolve_model
+
+MODEL_CACHE = Path(
+    ".hoprl/models/smollm2-135m-instruct"
+)  # the services' default (POLICY_/TRAINER_MODEL_CACHE)
+
+# Small enough for two CPU cores (a GRPO step of SmolLM2-135M is ~10-30 s); override per run.
+CPU_HYPERPARAMETERS: dict[str, Any] = {
+    "questions_per_step": 2,
+    "num_generations": 4,
+    "max_turns": 4,
+    "max_new_tokens_per_step": 64,
+    "token_budget": 512,
+    "save_steps": 5,
+}
+
+
+def once(
+    run_id: str, stage: str, produce: Callable[[], dict[str, Any]], id_key: str | None = None
+) -> dict[str, Any]:
+    """``produce()`` unless ``stage`` finished for this run; its result kept in ``<run>/stages/``."""
+    path = run_dir(run_id) / "stages" / f"{stage.replace('/', '-')}.json"
+    if done(run_id, stage) is not None and path.is_file():
+        get_run_logger().info("stage %s finished earlier: skipped", stage)
+        return dict(json.loads(path.read_text()))
+    result = produce()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str))
+    mark(run_id, stage, float(result[id_key]) if id_key else 1.0)
+    return result
+
+
+def job_request(
+    recipe: str,
+    objective: str,
+    dataset: str,
+    data: dict[str, Any],
+    collection: str,
+    seed: int,
+    steps: int,
+    hyperparameters: dict[str, Any] | None,
+    recipe_config: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The trainer request every segment shares. A JSONL dataset is trained on its prepared train
+    split; ``synthetic`` and hub names are loaded by the trainer itself (with the synthetic
+    world's expert hops for SFT)."""
+    config = dict(recipe_config or {})
+    if recipe == "when-to-search":
+        config.setdefault("switch_step", max(1, steps // 2))  # stage 2 for the second half
+    hp = {**CPU_HYPERPARAMETERS, "max_train_questions": data["counts"]["train"], **(hyperparameters or {})}
+    hp["recipe_config"] = config
+    source = data["paths"]["train"] if data["source"].endswith(".jsonl") else dataset
+    return {
+        "recipe": recipe,
+        "objective": objective,
+        "dataset": source,
+        "collection": collection,
+        "seed": seed,
+        "hyperparameters": hp,
+    }
+
+
+def evaluations(
+    run_id: str,
+    urls: ServiceUrls,
+    data: dict[str, Any],
+    collection: str,
+    recipe: str,
+    baselines: list[str],
+    limit: int | None,
+) -> dict[str, dict[str, Any]]:
+    """The untrained policy on the test split: the run's recipe (``baseline``) and each baseline recipe."""
+    out = {}
+    for label, name in [("baseline", recipe)] + [(f"baseline/{b}", b) for b in baselines if b != recipe]:
+
+        def run(label: str = label, name: str = name) -> dict[str, Any]:
+            return evaluate(
+                run_id,
+                label,
+                data["paths"]["test"],
+                collection,
+                name,
+                urls.policy,
+                urls.retriever,
+                urls.judge,
+                dataset=data["name"],
+                limit=limit,
+            )
+
+        out[label] = once(run_id, f"eval/{label}", run, "evaluation_id")
+    return out
+
+
+def summary(
+    run_id: str, before: dict[str, Any], after: dict[str, Any], final: dict[str, Any], collection: str
+) -> dict[str, Any]:
+    folder = run_dir(run_id)
+    return {
+        "run_id": run_id,
+        "recipe": registry().get_run(run_id).recipe,  # type: ignore[union-attr]
+        "before": {k: before["metrics"][k] for k in ("em", "f1", "judge_accuracy", "retrieval_count")},
+        "after": {k: after["metrics"][k] for k in ("em", "f1", "judge_accuracy", "retrieval_count")},
+        "report": str(folder / "report.md"),
+        "plots": [str(p) for p in sorted(folder.glob("*.png"))],
+        "checkpoint": final["path"],
+        "collection": collection,
+        "prefect_flow_run_id": registry().get_run(run_id).prefect_flow_run_id,  # type: ignore[union-attr]
+    }
+
+
+@flow(name="pipeline")
+def pipeline(
+    recipe: str = "when-to-search",
+    objective: str = "grpo",
+    model: str | None = None,
+    dataset: str = "synthetic",
+    steps: int = 200,
+    run_id: str | None = None,
+    sft_steps: int = 20,
+    segments: int = 4,
+    eval_limit: int | None = 50,
+    dev_limit: int = 16,
+    baselines: list[str] | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    hyperparameters: dict[str, Any] | None = None,
+    recipe_config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train ``model`` on ``dataset`` with ``recipe`` and report it against the untrained model.
+
+    Args:
+        recipe: when-to-search (two stages), evo-rag, r2ag, eval-rar, arena, search-r1, ...
+        objective: grpo, dapo, dr_grpo (RL segments; the warm start is always SFT).
+        model: HF id or folder; None = the bundled SmolLM2-135M-Instruct.
+        dataset: ``synthetic[:SEED]``, a common-schema JSONL path, or a hub name.
+        steps: RL optimizer steps in all; ``segments`` jobs of ``steps / segments`` each.
+        run_id: the registry run; the same id again resumes it. Default: a new id.
+        sft_steps: SFT warm-start steps (0: start RL from ``model``).
+        eval_limit / dev_limit: test questions per evaluation / dev questions per curriculum check.
+        baselines: recipes evaluated on the untrained model besides ``recipe`` (default naive-rag).
+        limit: at most this many questions per split (quick runs; training uses the same cap).
+        hyperparameters / recipe_config: trainer hyperparameters and recipe config overrides.
+
+    Returns the summary: EM / F1 / judge / retrievals before and after, report and plot paths,
+    the final checkpoint and the collection it searches.
+    """
+    run_id = run_id or f"{recipe}-{uuid.uuid4().hex[:8]}"
+    params = {
+        "recipe": recipe,
+        "objective": objective,
+        "model": model,
+        "dataset": dataset,
+        "steps": steps,
+        "sft_steps": sft_steps,
+        "segments": segments,
+        "eval_limit": eval_limit,
+        "dev_limit": dev_limit,
+        "baselines": baselines,
+        "limit": limit,
+        "hyperparameters": hyperparameters,
+        "recipe_config": recipe_config,
+    }
+    reg, log = registry(), get_run_logger()
+    reg.create_run(run_id, recipe, objective, model or "default", params, seed)
+    link_flow_run(run_id)
+    reg.set_run_status(run_id, "running")
+    log.info("run %s (folder %s)", run_id, run_dir(run_id))
+    try:
+        with services(run_dir(run_id), model) as urls:
+            result = stages(run_id, params, seed, urls)
+    except BaseException as exc:
+        reg.set_run_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    reg.set_run_status(run_id, "succeeded")
+    return result
+
+
+def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict[str, Any]:
+    """The pipeline's stages in order (each skipped when the registry says it finished)."""
+    data = once(
+        run_id, "prepare_data", lambda: prepare_data(p["dataset"], run_id, seed, p["limit"]), "dataset_id"
+    )
+    index = once(run_id, "build_index", lambda: build_index(run_id, data, urls.retriever), "index_id")
+    collection = index["collection"]
+    evals = evaluations(
+        run_id, urls, data, collection, p["recipe"], p["baselines"] or ["naive-rag"], p["eval_limit"]
+    )
+    request = job_request(
+        p["recipe"],
+        p["objective"],
+        p["dataset"],
+        data,
+        collection,
+        seed,
+        p["steps"],
+        p["hyperparameters"],
+        p["recipe_config"],
+    )
+    if p["sft_steps"] > 0:
+        warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
+    else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
+        registry().add_checkpoint(run_id, 0, resolve_model(p["model"], MODEL_CACHE), {"objective": "base"})
+    dev = {"path": data["paths"]["dev"], "limit": p["dev_limit"]}
+    final = train(run_id, request, p["steps"], p["segments"], dev, urls)
+    serve_checkpoint(urls.policy, final["path"])
+    after = once(
+        run_id,
+        "eval/final",
+        lambda: evaluate(
+            run_id,
+            "final",
+            data["paths"]["test"],
+            collection,
+            p["recipe"],
+            urls.policy,
+            urls.retriever,
+            urls.judge,
+            dataset=data["name"],
+            limit=p["eval_limit"],
+            checkpoint_id=final["checkpoint_id"],
+        ),
+        "evaluation_id",
+    )
+    mark(run_id, "done")
+    return summary(run_id, evals["baseline"], after, final, collection)

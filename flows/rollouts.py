@@ -1,0 +1,181 @@
+"""``collect_rollouts`` and ``score_rewards``: episodes of the served policy, and what they scored.
+
+``collect_rollouts`` sends one Celery ``rollout_episode`` unit per (question, sample) through
+:func:`flows.fanout.fan_out`; each unit runs the recipe's agent loop against the policy and the
+retriever, scores it with the recipe's reward functions and stores it in the registry keyed by
+(run, step, question, sample). Units already stored are not sent again, and a unit delivered
+twice writes once, so collecting the same step again (a resumed pipeline) adds no duplicates.
+
+``score_rewards`` reads a step's stored episodes back and turns them into the step's metrics:
+the mean of every reward signal and of the total (the *return*), exact match of the final
+answers, the judge's accuracy (one ``judge_item`` unit per answer), retrieval count and the
+share of gold titles the agent retrieved. The pipeline uses the pair on the dev split between
+training segments::
+
+    collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever)
+    score_rewards(run_id, 40, urls.judge, prefix="dev")   # {"dev/return": ..., "dev/em": ...}
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from flows.fanout import fan_out, judge_item, rollout_episode
+from flows.runs import registry
+from hoprl.agent.trajectory import Episode
+from hoprl.data.jsonl import load_questions
+from hoprl.metrics.answer import exact_match
+
+# Episode shape of the pipeline's checks: the trainer's defaults (4 turns of 64 tokens), greedy.
+EPISODE = {"max_steps": 4, "max_new_tokens_per_step": 64, "token_budget": 512, "temperature": 0.0}
+
+
+@task
+def send_rollouts(
+    run_id: str,
+    step: int,
+    questions_path: str,
+    collection: str,
+    recipe: str,
+    policy_url: str,
+    retriever_url: str,
+    limit: int | None,
+    samples: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """One unit per (question, sample) not yet stored at (run, step); returns counts."""
+    questions = load_questions(questions_path, limit)
+    stored = {(e.question_id, e.sample) for e in registry().episodes(run_id, step)}
+    units = [
+        rollout_episode.s(
+            run_id, step, q.model_dump(), sample, recipe, collection, policy_url, retriever_url, options
+        )
+        for q in questions
+        for sample in range(samples)
+        if (q.id, sample) not in stored
+    ]
+    summaries = fan_out(units, description=f"rollouts {run_id} step {step}")
+    return {"sent": len(units), "written": sum(s["written"] for s in summaries), "skipped": len(stored)}
+
+
+@flow(name="collect_rollouts")
+def collect_rollouts(
+    run_id: str,
+    step: int,
+    questions_path: str,
+    collection: str,
+    recipe: str,
+    policy_url: str,
+    retriever_url: str,
+    limit: int | None = None,
+    samples: int = 1,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Roll the served policy out on ``questions_path[:limit]``, ``samples`` episodes per question.
+
+    Args:
+        options: :class:`hoprl.agent.runner.RunOptions` fields plus ``model`` (the served model
+            id) and ``recipe_config`` (e.g. the curriculum stage); default :data:`EPISODE`.
+
+    Returns ``{"sent", "written", "skipped"}``: units sent, episodes newly stored, already stored.
+    """
+    counts = send_rollouts(
+        run_id,
+        step,
+        questions_path,
+        collection,
+        recipe,
+        policy_url,
+        retriever_url,
+        limit,
+        samples,
+        {**EPISODE, **(options or {})},
+    )
+    get_run_logger().info("run %s step %d: %s", run_id, step, counts)
+    return counts
+
+
+def judge_units(run_id: str, step: int, episodes: list[Episode], judge_url: str) -> list[Any]:
+    """One ``judge_item`` unit per answered episode of an answerable question."""
+    return [
+        judge_item.s(
+            run_id,
+            f"{step}:{e.question_id}:{e.sample}",
+            "answer",
+            {"question": e.question, "prediction": e.final_answer, "references": e.answers},
+            judge_url,
+        )
+        for e in episodes
+        if e.answers and e.final_answer
+    ]
+
+
+def item_key(item_id: str) -> tuple[str, int]:
+    """``"<step>:<question id>:<sample>"`` -> (question id, sample); question ids may hold ':'."""
+    question_id, sample = item_id.split(":", 1)[1].rsplit(":", 1)
+    return question_id, int(sample)
+
+
+def title_recall(episode: Episode) -> float | None:
+    """Share of the gold titles the agent retrieved (None without gold titles)."""
+    gold = set(episode.gold_titles)
+    return len(gold.intersection(episode.retrieved_titles)) / len(gold) if gold else None
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+@task
+def episode_metrics(run_id: str, step: int, judge_url: str, prefix: str) -> dict[str, float]:
+    """Means over the step's stored episodes: reward signals, return, EM, judge, retrievals, recall."""
+    rows = registry().episodes(run_id, step)
+    if not rows:
+        raise ValueError(f"run {run_id!r} has no episodes at step {step}; collect_rollouts first")
+    episodes = [Episode.model_validate(r.trajectory) for r in rows]
+    verdicts = {
+        item_key(v["item_id"]): v["verdict"]
+        for v in fan_out(judge_units(run_id, step, episodes, judge_url), description="judging")
+    }
+    signals: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        for name, value in r.rewards.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                signals[name].append(float(value))
+    # An unanswerable question is answered correctly by refusing it.
+    judged = [verdicts.get((e.question_id, e.sample), False) if e.answers else e.refused for e in episodes]
+    recalls = [r for r in map(title_recall, episodes) if r is not None]
+    metrics = {f"reward/{name}": mean(values) for name, values in signals.items()}
+    metrics |= {
+        "return": mean([r.total_reward for r in rows]),
+        "em": mean([exact_match(e.final_answer or "", e.answers) for e in episodes if e.answers]),
+        "judge_accuracy": mean([float(j) for j in judged]),
+        "retrieval_count": mean([float(e.retrieval_count) for e in episodes]),
+        "title_recall": mean(recalls),
+        "episodes": float(len(episodes)),
+    }
+    return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+
+@flow(name="score_rewards")
+def score_rewards(run_id: str, step: int, judge_url: str, prefix: str = "rollouts") -> dict[str, float]:
+    """Score the stored episodes of (run, step) and log the means as the run's metrics at ``step``.
+
+    The recipe's reward signals were computed when each episode was stored (with their versions
+    in the names, e.g. ``when-to-search/answer@1``); this adds the judge's verdicts on the final
+    answers and aggregates. Returns the logged metrics, each named ``<prefix>/<metric>``.
+    """
+    metrics = episode_metrics(run_id, step, judge_url, prefix)
+    registry().log_metrics(run_id, step, metrics)
+    get_run_logger().info(
+        "run %s step %d: return %.3f, EM %.3f, judge %.3f",
+        run_id,
+        step,
+        metrics[f"{prefix}/return"],
+        metrics[f"{prefix}/em"],
+        metrics[f"{prefix}/judge_accuracy"],
+    )
+    return metrics

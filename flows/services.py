@@ -1,0 +1,198 @@
+"""The services a pipeline talks to: the configured ones, or local processes started for the run.
+
+With ``HOPRL_RETRIEVER_URL``, ``HOPRL_POLICY_URL``, ``HOPRL_JUDGE_URL`` and ``HOPRL_TRAINER_URL``
+set (docker compose sets them for the Prefect worker), :func:`services` uses those. Each one that
+is unset is started here as a process on a free 127.0.0.1 port, with the same app object
+``hoprl serve`` runs, waited for until its ``/readyz`` answers 200, and stopped (by its PID) when
+the ``with`` block ends::
+
+    with services(run_dir, model=None) as urls:
+        RetrieverClient(urls.retriever).collections()
+
+Local processes get the run's settings through their environment: the retriever stores its
+embedded Qdrant under the run folder (or uses ``QDRANT_URL`` when set), the policy searches that
+retriever and accepts checkpoint switches with a token made for the run, the trainer writes its
+jobs under the run folder; every process inherits ``HOPRL_DATABASE_URL`` (PostgreSQL when set,
+else the SQLite file), ``QDRANT_URL`` and ``JUDGE_REDIS_URL``. Their logs are
+``<run folder>/logs/<service>.log``.
+
+Fan-out units run in this process (Celery eager) unless ``HOPRL_CELERY_BROKER_URL`` is set, in
+which case the units go to Redis and ``celery -A flows.fanout worker`` processes run them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from flows import fanout
+
+log = logging.getLogger(__name__)
+
+# service -> (the ASGI app ``hoprl serve`` runs, the environment variable naming a running one)
+APPS = {
+    "retriever": ("services.retriever.app:app", "HOPRL_RETRIEVER_URL"),
+    "judge": ("services.judge.app:app", "HOPRL_JUDGE_URL"),
+    "policy": ("services.policy.app:app", "HOPRL_POLICY_URL"),
+    "trainer": ("services.trainer.app:app", "HOPRL_TRAINER_URL"),
+}
+# Small limits for /v1/answer on a CPU: the trainer's default episode shape (4 turns of 64 tokens).
+POLICY_LIMITS = {
+    "POLICY_MAX_STEPS": "4",
+    "POLICY_MAX_TOKENS_PER_STEP": "64",
+    "POLICY_TOKEN_BUDGET": "512",
+    "POLICY_REQUEST_TIMEOUT_S": "600",
+}
+READY_TIMEOUT_S = 600.0  # the first policy start converts the bundled GGUF model (~20 s), then loads it
+
+
+@dataclass(frozen=True)
+class ServiceUrls:
+    """Base URLs of the four services (flow parameters: no secrets in here)."""
+
+    retriever: str
+    policy: str
+    judge: str
+    trainer: str
+
+
+# policy URL -> the admin token of a policy started here; kept out of flow parameters (Prefect stores those)
+_TOKENS: dict[str, str] = {}
+
+
+def admin_token(policy_url: str) -> str | None:
+    """The token for ``POST /v1/admin/checkpoint``: the one made for a local policy, else
+    ``$HOPRL_POLICY_ADMIN_TOKEN`` (the policy's ``POLICY_ADMIN_TOKEN``)."""
+    return _TOKENS.get(policy_url) or os.environ.get("HOPRL_POLICY_ADMIN_TOKEN")
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the flow's process dies, even by SIGKILL (Linux).
+
+    Otherwise a killed pipeline leaves its services running, and the orphaned retriever keeps the
+    run's embedded Qdrant folder locked against the resumed run.
+    """
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(name: str, url: str, proc: subprocess.Popen[bytes] | None, logfile: Path | None) -> None:
+    """Poll ``url/readyz`` until 200; raise naming the log when the process dies or time runs out."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the {name} service exited with {proc.returncode}; see {logfile}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(
+        f"the {name} service at {url} was not ready after {READY_TIMEOUT_S:.0f} s; see {logfile}"
+    )
+
+
+@contextmanager
+def local_process(name: str, env: Mapping[str, str], logs: Path) -> Iterator[str]:
+    """Serve service ``name`` in a child process on a free loopback port; yields its URL."""
+    port = free_port()
+    logs.mkdir(parents=True, exist_ok=True)
+    logfile = logs / f"{name}.log"
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        APPS[name][0],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    with logfile.open("ab") as out:
+        proc = subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+    url = f"http://127.0.0.1:{port}"
+    log.info("started %s (pid %d) at %s, log %s", name, proc.pid, url, logfile)
+    try:
+        wait_ready(name, url, proc, logfile)
+        yield url
+    finally:
+        stop(proc)
+        log.info("stopped %s (pid %d)", name, proc.pid)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (uvicorn shuts down gracefully), then SIGKILL after 30 s."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def service_env(
+    name: str, run_dir: Path, urls: Mapping[str, str], token: str, model: str | None
+) -> dict[str, str]:
+    """The environment of one local service process: where it stores things, whom it calls."""
+    if name == "retriever":
+        return {"RETRIEVER_STORAGE_PATH": str(run_dir / "qdrant")}
+    if name == "policy":
+        env = {"POLICY_RETRIEVER_URL": urls["retriever"], "POLICY_ADMIN_TOKEN": token, **POLICY_LIMITS}
+        return {**env, "POLICY_MODEL": model} if model else env
+    if name == "trainer":
+        return {"TRAINER_RETRIEVER_URL": urls["retriever"], "TRAINER_RUNS_DIR": str(run_dir / "jobs")}
+    return {}
+
+
+@contextmanager
+def services(run_dir: Path, model: str | None = None) -> Iterator[ServiceUrls]:
+    """The configured services, with the missing ones started locally for the ``with`` block.
+
+    Args:
+        run_dir: the run's folder (embedded Qdrant storage, trainer jobs, service logs).
+        model: the policy's starting model (HF id or folder); None = the bundled default.
+    """
+    fanout.use_eager("HOPRL_CELERY_BROKER_URL" not in os.environ)
+    token = os.environ.get("HOPRL_POLICY_ADMIN_TOKEN") or secrets.token_urlsafe(16)
+    urls: dict[str, str] = {}
+    with ExitStack() as stack:
+        for name, (_, variable) in APPS.items():  # retriever first: policy and trainer call it
+            if os.environ.get(variable):
+                urls[name] = os.environ[variable].rstrip("/")
+                wait_ready(name, urls[name], None, None)
+                continue
+            env = service_env(name, run_dir, urls, token, model)
+            urls[name] = stack.enter_context(local_process(name, env, run_dir / "logs"))
+            if name == "policy":
+                _TOKENS[urls[name]] = token
+        yield ServiceUrls(**urls)

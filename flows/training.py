@@ -1,0 +1,245 @@
+"""``warm_start`` and ``train``: trainer jobs in segments, with the curriculum decided between them.
+
+Training is cut into segments of ``steps / segments`` optimizer steps. Each segment is one job of
+the trainer service (``POST /v1/jobs``) that starts from the previous segment's checkpoint; the
+SFT warm start is segment zero. Between two segments the flow
+
+1. registers the segment's checkpoint on the pipeline run at its global step;
+2. copies the job's training curves (``reward``, ``loss``, ``rewards/*``) into the run's metrics
+   as ``train/<name>`` at global steps;
+3. checks the policy on dev: serves the checkpoint (``POST /v1/admin/checkpoint``), rolls out the
+   dev questions (:func:`flows.rollouts.collect_rollouts`) and scores them
+   (:func:`flows.rollouts.score_rewards`): ``dev/return``, ``dev/em``, ...;
+4. feeds the check to the recipe's own curriculum (when-to-search: switch at ``switch_step`` or
+   on a plateau of the dev return; EVO-RAG: a plateau of the dev return's EMA), logs
+   ``curriculum/stage`` and, when the rule fires, records the switch in the registry
+   (``record_stage_switch``) and in the flow's log. The next segment trains in the new stage.
+
+**Resuming.** Every decision is rebuilt from the registry: a segment whose checkpoint is
+registered is not trained again, a check whose ``dev/em`` is logged is not rolled out again, and
+the curriculum replays the logged dev returns. A segment killed midway is resumed from its job's
+latest checkpoint: the segment's job id is kept in ``<run folder>/jobs/segments.json``.
+
+Known gap: the trainer restarts a job's curriculum in stage 1; a stage-2 segment of when-to-search
+is forced with ``switch_step=0``, so its first step still uses stage-1 rewards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from flows.rollouts import collect_rollouts, score_rewards
+from flows.runs import registry, run_dir
+from flows.services import ServiceUrls, admin_token
+from hoprl.clients.policy import PolicyClient
+from hoprl.clients.trainer import TrainerClient
+from hoprl.recipes import get_recipe
+
+COPIED_METRICS = ("reward", "loss", "kl", "reward_std")
+NEVER_SWITCH = 10**9
+
+
+def boundaries(steps: int, segments: int) -> list[int]:
+    """Global steps at which segments end: ``boundaries(10, 3) == [4, 7, 10]``."""
+    segments = max(1, min(segments, steps))
+    return [round(steps * (i + 1) / segments) for i in range(segments)]
+
+
+def stage_name(stage: Any) -> str:
+    """The trainer's naming: ``stage1`` for when-to-search's int stages, EVO-RAG's names as they are."""
+    return f"stage{stage}" if isinstance(stage, int) else str(stage)
+
+
+def stage_config(recipe: str, stage: Any) -> dict[str, Any]:
+    """Recipe config that makes a trainer job train in ``stage`` (when-to-search only)."""
+    if recipe != "when-to-search":
+        return {}
+    return {"curriculum": "steps", "switch_step": 0 if stage == 2 else NEVER_SWITCH}
+
+
+def check(curriculum: Any, recipe: str, step: int, dev_return: float) -> str | None:
+    """Feed one dev check to the recipe's curriculum; the switch's reason if it switched now."""
+    # EVO-RAG's rule reads only the dev return; when-to-search's also the step (its "steps" mode)
+    fired = curriculum.update(dev_return) if recipe == "evo-rag" else curriculum.update(step, dev_return)
+    if not fired:
+        return None
+    if getattr(curriculum, "mode", "plateau") == "steps":
+        return f"step {step} >= switch_step {curriculum.switch_step}"
+    return f"dev return EMA improved < {curriculum.eps} for {curriculum.patience} checks"
+
+
+class SegmentJobs:
+    """The trainer job of each segment, in ``<run folder>/jobs/segments.json`` (resume aid)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.path = run_dir(run_id) / "jobs" / "segments.json"
+
+    def get(self, step: int) -> str | None:
+        jobs = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        return jobs.get(str(step))
+
+    def set(self, step: int, job_id: str) -> None:
+        jobs = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({**jobs, str(step): job_id}, indent=1))
+
+
+@task(retries=2, retry_delay_seconds=10)
+def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: str) -> dict[str, Any]:
+    """Run one trainer job to completion (or resume the segment's earlier job); its final checkpoint.
+
+    An earlier job for this segment that succeeded is reused, one still queued or running is
+    waited for, and one that failed or was cancelled is resumed from its latest checkpoint.
+    """
+    jobs, log = SegmentJobs(run_id), get_run_logger()
+    with TrainerClient(trainer_url) as client:
+        earlier = jobs.get(end_step)
+        job = client.get(earlier) if earlier else None
+        if job is None or job.status in ("failed", "cancelled"):
+            resume = {"resume_from": job.id} if job is not None and job.checkpoints else {}
+            job_id = client.submit({**request, **resume}).id
+            jobs.set(end_step, job_id)
+            log.info("segment ending at step %d: trainer job %s (%s)", end_step, job_id, request["objective"])
+        else:
+            job_id = job.id
+            log.info("segment ending at step %d: resuming the wait for job %s", end_step, job_id)
+        job = client.wait(job_id, timeout=24 * 3600, poll=2.0)
+    if job.status != "succeeded" or not job.checkpoints:
+        raise RuntimeError(f"trainer job {job_id} ended {job.status}: {job.error}; see its worker.log")
+    return {"job_id": job_id, "path": job.checkpoints[-1].path, "steps": job.step}
+
+
+def copy_curves(run_id: str, job_id: str, offset: int) -> None:
+    """The job's per-step training metrics as the run's ``train/<name>`` at global steps."""
+    reg = registry()
+    names = [n for n in reg.latest_metrics(job_id) if n in COPIED_METRICS or n.startswith("rewards/")]
+    by_step: dict[int, dict[str, float]] = {}
+    for name in names:
+        for step, value in reg.metric_series(job_id, name):
+            by_step.setdefault(offset + step, {})[f"train/{name}"] = value
+    for step, metrics in by_step.items():
+        reg.log_metrics(run_id, step, metrics)
+
+
+@task(retries=2, retry_delay_seconds=5)
+def serve_checkpoint(policy_url: str, path: str) -> str:
+    """Make the policy serve checkpoint ``path``; returns the model id it now reports."""
+    with PolicyClient(policy_url, admin_token=admin_token(policy_url)) as client:
+        client.switch_checkpoint(path)
+        return client.model()
+
+
+def checkpoint_at(run_id: str, step: int) -> Any:
+    return next((c for c in registry().checkpoints(run_id) if c.step == step), None)
+
+
+@flow(name="warm_start")
+def warm_start(run_id: str, request: dict[str, Any], urls: ServiceUrls) -> dict[str, Any]:
+    """SFT on the recipe's expert trajectories, registered as the run's checkpoint at step 0."""
+    done = checkpoint_at(run_id, 0)
+    if done is not None:
+        get_run_logger().info("warm start already done: %s", done.path)
+        return {"checkpoint_id": done.id, "path": done.path, "step": 0}
+    job = run_job(run_id, 0, {**request, "objective": "sft"}, urls.trainer)
+    row = registry().add_checkpoint(run_id, 0, job["path"], {"job_id": job["job_id"], "objective": "sft"})
+    return {"checkpoint_id": row.id, "path": row.path, "step": 0}
+
+
+def dev_check(
+    run_id: str,
+    step: int,
+    path: str,
+    request: dict[str, Any],
+    stage: Any,
+    dev: dict[str, Any],
+    urls: ServiceUrls,
+) -> float:
+    """Roll out and score the dev questions with checkpoint ``path``; returns the dev return."""
+    logged = dict(registry().metric_series(run_id, "dev/return"))
+    if step not in logged:
+        model = serve_checkpoint(urls.policy, path)
+        recipe_config = {
+            **request["hyperparameters"].get("recipe_config", {}),
+            **stage_config(request["recipe"], stage),
+        }
+        collect_rollouts(
+            run_id,
+            step,
+            dev["path"],
+            request["collection"],
+            request["recipe"],
+            urls.policy,
+            urls.retriever,
+            limit=dev["limit"],
+            options={"model": model, "recipe_config": recipe_config},
+        )
+        logged[step] = score_rewards(run_id, step, urls.judge, prefix="dev")["dev/return"]
+    return logged[step]
+
+
+def segment_request(request: dict[str, Any], path: str, steps: int, stage: Any) -> dict[str, Any]:
+    """The job of one segment: from checkpoint ``path``, ``steps`` steps, in curriculum ``stage``."""
+    hp = request["hyperparameters"]
+    recipe_config = {**hp.get("recipe_config", {}), **stage_config(request["recipe"], stage)}
+    return {
+        **request,
+        "model": path,
+        "steps": steps,
+        "hyperparameters": {**hp, "recipe_config": recipe_config},
+    }
+
+
+def advance_curriculum(run_id: str, curriculum: Any, recipe: str, step: int, dev_return: float) -> None:
+    """One check of the curriculum: the stage in the metrics, a switch as a registry event and a log line."""
+    reg, before = registry(), stage_name(curriculum.stage)
+    reason = check(curriculum, recipe, step, dev_return)
+    if reason is not None:
+        after = stage_name(curriculum.stage)
+        reg.record_stage_switch(run_id, step, before, after, reason, "dev_return", dev_return)
+        get_run_logger().info("stage switch at step %d: %s -> %s (%s)", step, before, after, reason)
+    reg.log_metrics(run_id, step, {"curriculum/stage": 1.0 if curriculum.stage in (1, "discovery") else 2.0})
+
+
+@flow(name="train")
+def train(
+    run_id: str, request: dict[str, Any], steps: int, segments: int, dev: dict[str, Any], urls: ServiceUrls
+) -> dict[str, Any]:
+    """RL training in segments, starting from the run's checkpoint at step 0 (the warm start).
+
+    Args:
+        request: the trainer job request shared by all segments (recipe, objective, dataset,
+            collection, seed, hyperparameters); ``model`` and ``steps`` are set per segment.
+        dev: ``{"path": dev JSONL, "limit": questions per check}``.
+
+    Returns the final checkpoint: ``{"checkpoint_id", "path", "step"}``.
+    """
+    reg, recipe = registry(), request["recipe"]
+    config = request["hyperparameters"].get("recipe_config", {})
+    curriculum = getattr(get_recipe(recipe, **config), "curriculum", None)
+    row = checkpoint_at(run_id, 0)
+    if row is None:
+        raise ValueError(f"run {run_id!r} has no checkpoint at step 0; run warm_start first")
+    if curriculum is not None and reg.current_stage(run_id) is None:
+        reg.start_stage(run_id, stage_name(curriculum.stage), 0)
+    previous = 0
+    for end in boundaries(steps, segments):
+        stage = curriculum.stage if curriculum is not None else None
+        done = checkpoint_at(run_id, end)
+        if done is None:
+            job = run_job(
+                run_id, end, segment_request(request, row.path, end - previous, stage), urls.trainer
+            )
+            copy_curves(run_id, job["job_id"], previous)
+            done = reg.add_checkpoint(
+                run_id, end, job["path"], {"job_id": job["job_id"], "stage": stage_name(stage)}
+            )
+        row, previous = done, end
+        dev_return = dev_check(run_id, end, row.path, request, stage, dev, urls)
+        if curriculum is not None:
+            advance_curriculum(run_id, curriculum, recipe, end, dev_return)
+        get_run_logger().info("segment to step %d: %s, dev return %.3f", end, Path(row.path).name, dev_return)
+    return {"checkpoint_id": row.id, "path": row.path, "step": previous}

@@ -1,0 +1,141 @@
+"""``hoprl pipeline``: the whole pipeline from the command line, with a summary at the end.
+
+:func:`run_pipeline` runs :func:`flows.pipeline.pipeline` (Prefect's ephemeral API unless
+``PREFECT_API_URL`` names a server) and returns its summary; :func:`format_summary` is the text
+the command prints; :func:`add_arguments` / :func:`main` are the command's options and body.
+
+    hoprl pipeline                                      # synthetic world, SmolLM2-135M, when-to-search
+    hoprl pipeline --dataset ../shared/data/hotpotqa_dev.jsonl --steps 40
+    hoprl pipeline --run-id when-to-search-1a2b3c4d      # resume a run that was stopped
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+
+def run_pipeline(
+    dataset: str = "synthetic",
+    recipe: str = "when-to-search",
+    objective: str = "grpo",
+    model: str | None = None,
+    steps: int = 200,
+    run_id: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Run (or resume, with an existing ``run_id``) the pipeline; returns its summary.
+
+    ``options`` are the other parameters of :func:`flows.pipeline.pipeline` (``sft_steps``,
+    ``segments``, ``eval_limit``, ``dev_limit``, ``baselines``, ``seed``, ``hyperparameters``,
+    ``recipe_config``).
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.pipeline import pipeline
+
+    return pipeline(
+        recipe=recipe,
+        objective=objective,
+        model=model,
+        dataset=dataset,
+        steps=steps,
+        run_id=run_id,
+        **options,
+    )
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """What ``hoprl pipeline`` prints: before/after, where the report is, what to do next."""
+    before, after = summary["before"], summary["after"]
+    rows = [
+        f"{name:<22}{before[key]:>8.3f}{after[key]:>8.3f}{after[key] - before[key]:>+9.3f}"
+        for key, name in [
+            ("em", "EM"),
+            ("f1", "F1"),
+            ("judge_accuracy", "judge accuracy"),
+            ("retrieval_count", "retrievals / question"),
+        ]
+    ]
+    server = os.environ.get("PREFECT_API_URL")
+    ui = (
+        f"open {server.removesuffix('/api')}"
+        if server
+        else "run `prefect server start`, open http://127.0.0.1:4200"
+    )
+    body = {
+        "question": "<your question>",
+        "recipe": summary["recipe"],
+        "collection": summary["collection"],
+        "return_trace": True,
+    }
+    return "\n".join(
+        [
+            f"run {summary['run_id']}",
+            f"{'':<22}{'before':>8}{'after':>8}{'change':>9}",
+            *rows,
+            f"report: {summary['report']}",
+            *(f"plot:   {p}" for p in summary["plots"]),
+            f"checkpoint: {summary['checkpoint']}",
+            f"Prefect UI: {ui} (flow run {summary.get('prefect_flow_run_id')}; runs of the ephemeral API "
+            "show there when PREFECT_API_URL points at the server while the pipeline runs)",
+            "Serve the trained checkpoint and ask it a question:",
+            f"  POLICY_MODEL={summary['checkpoint']} hoprl serve policy --port 8002 &   # retriever on 8001",
+            "  curl -s http://127.0.0.1:8002/v1/answer -H 'content-type: application/json' \\",
+            f"       -d '{json.dumps(body)}'",
+        ]
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hoprl pipeline`` (for the lead's ``hoprl/cli.py``)."""
+    parser.add_argument(
+        "--dataset", default="synthetic", help="synthetic[:SEED], a JSONL path, or a hub name"
+    )
+    parser.add_argument("--recipe", default="when-to-search")
+    parser.add_argument("--objective", default="grpo", choices=["grpo", "dapo", "dr_grpo"])
+    parser.add_argument("--model", default=None, help="HF id or folder; default: bundled SmolLM2-135M")
+    parser.add_argument("--steps", type=int, default=24, help="RL optimizer steps in all")
+    parser.add_argument(
+        "--segments", type=int, default=4, help="trainer jobs; dev check + curriculum between"
+    )
+    parser.add_argument("--sft-steps", type=int, default=10, help="SFT warm-start steps (0: none)")
+    parser.add_argument("--eval-limit", type=int, default=30, help="test questions per evaluation")
+    parser.add_argument("--dev-limit", type=int, default=8, help="dev questions per curriculum check")
+    parser.add_argument(
+        "--baselines", nargs="*", default=["naive-rag"], help="recipes on the untrained model"
+    )
+    parser.add_argument("--run-id", default=None, help="resume this run (default: a new run)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hyperparameters", type=json.loads, default=None, help="JSON, e.g. '{\"learning_rate\": 1e-5}'"
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    """The body of ``hoprl pipeline``: run, then print the summary (stdout)."""
+    summary = run_pipeline(
+        dataset=args.dataset,
+        recipe=args.recipe,
+        objective=args.objective,
+        model=args.model,
+        steps=args.steps,
+        run_id=args.run_id,
+        segments=args.segments,
+        sft_steps=args.sft_steps,
+        eval_limit=args.eval_limit,
+        dev_limit=args.dev_limit,
+        baselines=args.baselines,
+        seed=args.seed,
+        hyperparameters=args.hyperparameters,
+    )
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="hoprl pipeline", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))

@@ -1,0 +1,275 @@
+"""The Prefect flows against live services, under ``prefect_test_harness`` (a throwaway Prefect API).
+
+Services run in this process over real HTTP on 127.0.0.1: the retriever (embedded Qdrant), a rules
+judge, a policy whose engine is a scripted OpenAI-compatible model (``tests/hoprl/agent/
+scripted_llm.py``; it answers the synthetic questions from scripts) and the real trainer service,
+whose jobs train a tiny random Llama (2 layers) in worker subprocesses. The registry is a SQLite
+file of the session, the run folders a temp folder. The fan-out units run eagerly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.testing.utilities import prefect_test_harness
+
+from flows import fanout
+from flows.data import build_index, prepare_data
+from flows.evaluate import evaluate
+from flows.pipeline import pipeline
+from flows.runs import registry
+from flows.services import ServiceUrls
+from flows.training import boundaries, train
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.clients.trainer import TrainerClient
+from hoprl.data.synthetic import generate, hops_for
+from services.judge.app import create_app as create_judge
+from services.judge.settings import JudgeSettings
+from services.local import LocalServer
+from services.policy.app import create_app as create_policy
+from services.policy.settings import PolicySettings
+from services.trainer.app import create_app as create_trainer
+from services.trainer.settings import TrainerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 6  # questions per split
+
+
+def load_module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # FastAPI resolves the module's annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+scripted = load_module("scripted_llm", ROOT / "tests" / "hoprl" / "agent" / "scripted_llm.py")
+trainer_fixtures = load_module("trainer_fixtures", ROOT / "tests" / "services" / "trainer" / "conftest.py")
+
+
+def scripts() -> dict[str, list[str]]:
+    """An agent that searches the first hop, then answers: right on even questions, wrong on odd ones."""
+    out = {}
+    for split in generate(seed=0).values():
+        for i, q in enumerate(split[:LIMIT]):
+            answer = q.answers[0] if q.answers and i % 2 == 0 else "nobody"
+            query = hops_for(q)[0].query if hops_for(q) else q.question
+            out[q.question] = [
+                f"<think>I should look this up.</think>\n<search>{query}</search>",
+                f"<reflect>Found it.</reflect>\n<think>Done.</think>\n<answer>{answer}</answer>",
+            ]
+    return out
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A Prefect test API, a registry file and a runs folder for the module; fan-out eager."""
+    folder = tmp_path_factory.mktemp("flows")
+    with pytest.MonkeyPatch.context() as mp, prefect_test_harness(server_startup_timeout=120):
+        mp.setenv("HOPRL_DATABASE_URL", f"sqlite:///{folder / 'registry.db'}")
+        mp.setenv("HOPRL_RUNS_DIR", str(folder / "runs"))
+        fanout.use_eager(True)
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def urls(env: Path, retriever_url: str) -> Iterator[ServiceUrls]:
+    trainer_settings = TrainerSettings(
+        database_url=f"sqlite:///{env / 'registry.db'}",
+        runs_dir=env / "jobs",
+        retriever_url=retriever_url,
+        poll_interval_s=0.2,
+        torch_threads=1,
+    )
+    with (
+        LocalServer(scripted.create_app(scripts())) as llm,
+        LocalServer(create_judge(JudgeSettings())) as judge,
+        LocalServer(create_trainer(trainer_settings)) as trainer,
+    ):
+        policy_settings = PolicySettings(
+            engine="openai",
+            openai_base_url=f"{llm.url}/v1",
+            model="scripted",
+            retriever_url=retriever_url,
+            admin_token="flows-test",
+            max_steps=4,
+        )
+        with LocalServer(create_policy(policy_settings)) as policy, pytest.MonkeyPatch.context() as mp:
+            mp.setenv("HOPRL_POLICY_ADMIN_TOKEN", "flows-test")
+            yield ServiceUrls(
+                retriever=retriever_url, policy=policy.url, judge=judge.url, trainer=trainer.url
+            )
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from services.policy.model import resolve_model
+
+    tokenizer = resolve_model(None, ROOT / ".hoprl/models/smollm2-135m-instruct")
+    return str(trainer_fixtures.make_tiny_model(tokenizer, tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="module")
+def indexed(urls: ServiceUrls) -> dict[str, Any]:
+    """Run ``prep`` with the synthetic world's first questions, prepared and indexed."""
+    data = prepare_data("synthetic", "prep", limit=LIMIT)
+    return {"data": data, "index": build_index("prep", data, urls.retriever)}
+
+
+def test_prepare_data_and_build_index_register_and_ingest(indexed: dict[str, Any], urls: ServiceUrls) -> None:
+    data, index = indexed["data"], indexed["index"]
+    assert data["counts"] == {"train": LIMIT, "dev": LIMIT, "test": LIMIT}
+    assert all(Path(p).is_file() for p in data["paths"].values())
+    with registry().session() as s:
+        from hoprl.registry.models import DatasetRow, IndexRow
+
+        dataset = s.get_one(DatasetRow, data["dataset_id"])
+        row = s.get_one(IndexRow, index["index_id"])
+    assert (dataset.name, dataset.source, dataset.counts) == ("synthetic", "synthetic", data["counts"])
+    assert row.collection == index["collection"] and row.dataset_id == dataset.id and row.points > LIMIT
+    with RetrieverClient(urls.retriever) as client:
+        points = {c.name: c.points for c in client.collections()}
+    assert points[index["collection"]] == index["points"]
+    # Idempotent: the same data again is the same dataset row and index row, nothing re-ingested.
+    again = build_index("prep", prepare_data("synthetic", "prep", limit=LIMIT), urls.retriever)
+    assert again["index_id"] == index["index_id"]
+
+
+def test_evaluate_stores_predictions_and_publishes_the_report(
+    indexed: dict[str, Any], urls: ServiceUrls
+) -> None:
+    reg = registry()
+    reg.create_run("eval-run", "when-to-search", "grpo", "scripted", {}, 0)
+    test_path, collection = indexed["data"]["paths"]["test"], indexed["index"]["collection"]
+    base = evaluate(
+        "eval-run",
+        "baseline",
+        test_path,
+        collection,
+        "naive-rag",
+        urls.policy,
+        urls.retriever,
+        urls.judge,
+        dataset="synthetic",
+    )
+    final = evaluate(
+        "eval-run",
+        "final",
+        test_path,
+        collection,
+        "when-to-search",
+        urls.policy,
+        urls.retriever,
+        urls.judge,
+        dataset="synthetic",
+    )
+    metrics = final["metrics"]
+    assert metrics["questions"] == LIMIT and metrics["errors"] == 0
+    assert metrics["em"] > base["metrics"]["em"]  # the scripted agent answers half right; naive-rag none
+    assert metrics["retrieval_count"] == 1.0 and 0 <= metrics["recall@5"] <= 1
+    assert len(reg.predictions(final["evaluation_id"])) == LIMIT
+    folder = Path(final["report"]).parent
+    report = Path(final["report"]).read_text()
+    assert "| final | when-to-search |" in report and "p=" in report
+    assert (folder / "accuracy_vs_retrievals.png").stat().st_size > 1000
+
+    async def artifact_keys() -> set[str]:
+        async with get_client() as client:
+            return {a.key for a in await client.read_artifacts() if a.key}
+
+    import asyncio
+
+    assert {"eval-run-report", "eval-run-accuracy"} <= asyncio.run(artifact_keys())
+
+
+def test_train_runs_segments_and_switches_stage(
+    indexed: dict[str, Any], urls: ServiceUrls, tiny_model: str
+) -> None:
+    reg = registry()
+    reg.create_run("train-run", "when-to-search", "grpo", tiny_model, {}, 0)
+    reg.add_checkpoint("train-run", 0, tiny_model, {"objective": "base"})
+    request = {
+        "recipe": "when-to-search",
+        "objective": "grpo",
+        "dataset": "synthetic",
+        "seed": 0,
+        "collection": indexed["index"]["collection"],
+        "hyperparameters": {
+            "questions_per_step": 2,
+            "num_generations": 2,
+            "max_turns": 2,
+            "max_new_tokens_per_step": 8,
+            "token_budget": 64,
+            "max_train_questions": 4,
+            "recipe_config": {"switch_step": 1},
+        },
+    }
+    dev = {"path": indexed["data"]["paths"]["dev"], "limit": 2}
+    final = train("train-run", request, steps=2, segments=2, dev=dev, urls=urls)
+    assert boundaries(2, 2) == [1, 2] and final["step"] == 2
+    assert [c.step for c in reg.checkpoints("train-run")] == [0, 1, 2]
+    (switch,) = reg.stage_switches("train-run")
+    assert (switch.step, switch.from_stage, switch.to_stage) == (1, "stage1", "stage2")
+    assert [s.name for s in reg.stages("train-run")] == ["stage1", "stage2"]
+    assert [step for step, _ in reg.metric_series("train-run", "dev/em")] == [1, 2]
+    assert reg.metric_series("train-run", "train/reward")  # the jobs' curves, copied at global steps
+    assert reg.count_episodes("train-run") == 2 * 2  # two dev questions at each of two checks
+    with TrainerClient(urls.trainer) as client:
+        jobs = client.list()
+    # The second segment trained in stage 2 from the first segment's checkpoint.
+    assert jobs[0].model == reg.checkpoints("train-run")[1].path and jobs[0].stage == "stage2"
+
+
+def test_pipeline_resumes_with_the_same_run_id(urls: ServiceUrls, tiny_model: str) -> None:
+    env = {
+        "HOPRL_RETRIEVER_URL": urls.retriever,
+        "HOPRL_POLICY_URL": urls.policy,
+        "HOPRL_JUDGE_URL": urls.judge,
+        "HOPRL_TRAINER_URL": urls.trainer,
+    }
+    hp = {
+        "questions_per_step": 2,
+        "num_generations": 2,
+        "max_turns": 2,
+        "max_new_tokens_per_step": 8,
+        "token_budget": 64,
+    }
+    args: dict[str, Any] = {
+        "model": tiny_model,
+        "steps": 1,
+        "segments": 1,
+        "sft_steps": 1,
+        "limit": LIMIT,
+        "eval_limit": 4,
+        "dev_limit": 2,
+        "hyperparameters": hp,
+        "run_id": "resumed",
+    }
+    reg = registry()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        first = pipeline(**args)
+        counts = (
+            len(reg.checkpoints("resumed")),
+            reg.count_episodes("resumed"),
+            len(TrainerClient(urls.trainer).list()),
+        )
+        second = pipeline(**args)
+    assert first["before"] == second["before"] and first["after"] == second["after"]
+    assert counts == (
+        len(reg.checkpoints("resumed")),
+        reg.count_episodes("resumed"),
+        len(TrainerClient(urls.trainer).list()),
+    )
+    run = reg.get_run("resumed")
+    assert run is not None and run.status == "succeeded" and run.prefect_flow_run_id
+    assert Path(first["report"]).is_file() and any(p.endswith("training.png") for p in first["plots"])
