@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from hoprl.clients.policy import Answer, AsyncPolicyClient, ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
-from hoprl.evaluation import corpus_collection, ensure_indexed
+from hoprl.evaluation import corpus_collection, ensure_indexed, progress
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.schemas import Question
 
@@ -66,14 +66,18 @@ async def _answer_all(
             start = time.perf_counter()
             try:
                 reply = await client.answer(question.question, recipe, collection, return_trace=True)
-                return _score(question, reply, None, time.perf_counter() - start)
+                row = _score(question, reply, None, time.perf_counter() - start)
             except ServiceError as exc:  # a 4xx/5xx answer is a failed question, not a failed run
-                return _score(question, None, str(exc), time.perf_counter() - start)
+                row = _score(question, None, str(exc), time.perf_counter() - start)
+            bar.advance(task)
+            return row
 
-    try:
-        return list(await asyncio.gather(*(one(q) for q in questions)))
-    finally:
-        await client.aclose()
+    with progress() as bar:
+        task = bar.add_task(f"answering ({recipe})", total=len(questions))
+        try:
+            return list(await asyncio.gather(*(one(q) for q in questions)))
+        finally:
+            await client.aclose()
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
