@@ -28,6 +28,8 @@ Optional recipe hooks beyond :class:`~hoprl.recipes.base.Recipe`, read with ``ge
   step 1 (``queries == [question]``, its ``docs``), so retrieval counts and recall see it; its
   text lives in the prompt, not in ``Step.information``.
 - ``end_on_format_error: bool = True`` (see above).
+- ``accept_truncated: bool = False``: parse a segment cut at ``max_tokens`` instead of making it a
+  format error (the naive-rag baseline, whose answer is plain text).
 
 Timings (seconds): ``retrieval``, ``generation`` and ``total``.
 """
@@ -181,7 +183,7 @@ class _Run:
             if self.opts.logprobs:
                 self.episode.meta.setdefault("logprobs", []).append(completion.logprobs)
             self.episode.meta.setdefault("finish_reasons", []).append(completion.finish_reason)
-            if completion.finish_reason == "length":
+            if completion.finish_reason == "length" and not getattr(self.recipe, "accept_truncated", False):
                 action = Action("format_error", error=f"segment cut at max_tokens={max_tokens}")
                 if max_tokens < self.opts.max_new_tokens_per_step:
                     self.record(t, completion.text, action)

@@ -117,13 +117,20 @@ class NaiveRAGConfig(BaseModel):
 class NaiveRAG:
     """Retrieve once with the question, answer once.
 
-    Runner hook: ``retrieve_first = True`` makes the runner search with ``question.question``
-    before step 1 and call ``messages(question, docs=hits)`` to put the documents in the prompt.
+    Runner hooks: ``retrieve_first = True`` makes the runner search with ``question.question``
+    before step 1 and call ``messages(question, docs=hits)`` to put the documents in the prompt;
+    ``accept_truncated = True`` parses a segment cut at max_tokens like any other.
+
+    As the plain baseline it takes the model's text as the answer: the ``<answer>`` block when
+    there is one, else the text up to the first blank line. (The tag protocols of the RL recipes
+    stay strict: their format rewards must see a missing tag.) An untrained model answers in whole
+    sentences; token F1 still gives them partial credit, which is the baseline to beat.
     """
 
     name: ClassVar[str] = "naive-rag"
-    stop: ClassVar[list[str]] = ["</answer>"]
+    stop: ClassVar[list[str]] = ["</answer>", "\n\n"]
     retrieve_first: ClassVar[bool] = True
+    accept_truncated: ClassVar[bool] = True
 
     def __init__(self, **config: Any) -> None:
         self.config = NaiveRAGConfig(**config)
@@ -141,9 +148,12 @@ class NaiveRAG:
     def parse(self, segment: str) -> Action:
         parsed = parse_tags(segment, ["answer"])
         block = parsed.first("answer")
-        if block is None or not block.content or any(e.startswith("nested") for e in parsed.errors):
-            return Action("format_error", error="; ".join(parsed.errors) or "no <answer> block")
-        return Action("answer", answer=block.content)
+        if block is not None and block.content and not any(e.startswith("nested") for e in parsed.errors):
+            return Action("answer", answer=block.content)
+        plain = segment.replace("<answer>", "").replace("</answer>", "").strip().split("\n\n")[0].strip()
+        if not plain:
+            return Action("format_error", error="; ".join(parsed.errors) or "empty answer")
+        return Action("answer", answer=plain)
 
     def information(self, docs: list[list[RetrievedDoc]]) -> str:
         return f"<information>\n{format_docs(docs)}\n</information>"

@@ -130,6 +130,17 @@ def test_segment_cut_by_max_tokens_is_a_format_error(url: str) -> None:
     assert ep.outcome == "format_error" and ep.steps[0].error == "segment cut at max_tokens=10"
 
 
+def test_a_recipe_may_accept_a_truncated_segment(url: str) -> None:
+    """naive-rag's answer is plain text: cut at max_tokens it is still the (truncated) answer."""
+    from hoprl.recipes.baselines import NaiveRAG
+
+    ep, _ = episode(
+        url, ["Jane Roe founded it " + "and more " * 40], recipe=NaiveRAG(), max_new_tokens_per_step=10
+    )
+    assert ep.outcome == "answer" and ep.final_answer and ep.final_answer.startswith("Jane Roe")
+    assert ep.steps[0].queries == [Q.question]  # the one retrieval, with the question
+
+
 def test_server_that_does_not_name_the_stop(url: str) -> None:
     ep, _ = episode(url, [SEARCH, ANSWER], server={"report_stop_reason": False})
     assert [s.text for s in ep.steps] == [SEARCH, ANSWER]

@@ -56,7 +56,10 @@ def test_naive_rag_parse_and_messages_with_documents() -> None:
     recipe = NaiveRAG()
     assert recipe.retrieve_first
     assert recipe.parse("<answer>1912</answer>").answer == "1912"
-    assert recipe.parse("The answer is 1912").kind == "format_error"
+    # The plain baseline takes untagged text as the answer, up to the first blank line.
+    assert recipe.parse("The answer is 1912.\n\nMore text.").answer == "The answer is 1912."
+    assert recipe.parse("  \n").kind == "format_error"
+    assert recipe.accept_truncated and "\n\n" in recipe.stop
     q = SyntheticQuestion(id="q", dataset="d", split="dev", question="When?", answers=["1912"])
     docs = [
         [RetrievedDoc(id="a", title="Acme", text="Founded 1912."), RetrievedDoc(id="b", title="B", text="x")]
