@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from hoprl.clients.retriever import RetrieverClient, ServiceError
+from hoprl.clients.http import ServiceError
+from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids, pool
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.schemas import Document, Question, SearchMode

@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from hoprl.clients.retriever import ServiceError
+from hoprl.clients.http import ServiceClient
+from hoprl.clients.http import check as _check
 from hoprl.judging import Verdict
 
 MAX_TEXT = 20_000  # characters in a question, prediction or reference
@@ -79,25 +80,15 @@ class VerdictsResponse(BaseModel):
     verdicts: list[JudgeVerdict]
 
 
-def _check(response: httpx.Response) -> Any:
-    if response.status_code >= 400:
-        try:
-            body = response.json()
-        except ValueError:
-            body = response.text
-        raise ServiceError(response.status_code, body)
-    return response.json()
-
-
 def _body(items: list[AnswerItem] | list[AnswerableItem]) -> dict[str, Any]:
     return {"items": [item.model_dump() for item in items]}
 
 
-class JudgeClient:
+class JudgeClient(ServiceClient):
     """Blocking client: ``JudgeClient(url).answer([AnswerItem(prediction=..., references=[...])])``."""
 
     def __init__(self, base_url: str, timeout: float = 120.0, **kwargs: Any) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+        super().__init__(base_url, timeout, **kwargs)
 
     def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
         """Grade a batch of predictions; raises :class:`ServiceError` on a 4xx/5xx answer."""
@@ -108,21 +99,6 @@ class JudgeClient:
         """Decide answerability for a batch of questions."""
         response = self.http.post("/v1/judge/answerable", json=_body(items))
         return VerdictsResponse.model_validate(_check(response)).verdicts
-
-    def ready(self) -> bool:
-        try:
-            return self.http.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> JudgeClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class AsyncJudgeClient:

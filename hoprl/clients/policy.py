@@ -16,7 +16,8 @@ import httpx
 from pydantic import BaseModel, Field
 
 from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
-from hoprl.clients.retriever import ServiceError, _check
+from hoprl.clients.http import ServiceClient, ServiceError
+from hoprl.clients.http import check as _check
 from hoprl.schemas import Question
 
 
@@ -80,7 +81,7 @@ def _rollouts_body(
     }
 
 
-class PolicyClient:
+class PolicyClient(ServiceClient):
     """Blocking client: ``answer``, ``rollouts``, ``switch_checkpoint``.
 
     Args:
@@ -92,7 +93,7 @@ class PolicyClient:
         self, base_url: str, admin_token: str | None = None, timeout: float = 300.0, **kwargs: Any
     ) -> None:
         self.admin_token = admin_token
-        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+        super().__init__(base_url, timeout, **kwargs)
 
     def answer(
         self,
@@ -128,21 +129,6 @@ class PolicyClient:
     def model(self) -> str:
         """The id of the served model (``GET /v1/models``)."""
         return str(_check(self.http.get("/v1/models"))["data"][0]["id"])
-
-    def ready(self) -> bool:
-        try:
-            return self.http.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> PolicyClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class AsyncPolicyClient:

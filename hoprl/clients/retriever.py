@@ -6,27 +6,9 @@ from typing import Any
 
 import httpx
 
+from hoprl.clients.http import ServiceClient
+from hoprl.clients.http import check as _check
 from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchMode, SearchResponse
-
-
-class ServiceError(RuntimeError):
-    """A service answered with an error; ``status`` and the JSON ``body`` are kept."""
-
-    def __init__(self, status: int, body: Any) -> None:
-        self.status = status
-        self.body = body
-        message = body.get("message") if isinstance(body, dict) else body
-        super().__init__(f"HTTP {status}: {message}")
-
-
-def _check(response: httpx.Response) -> Any:
-    if response.status_code >= 400:
-        try:
-            body = response.json()
-        except ValueError:
-            body = response.text
-        raise ServiceError(response.status_code, body)
-    return response.json()
 
 
 def _search_body(
@@ -39,11 +21,8 @@ def _ingest_body(documents: list[Document]) -> dict[str, Any]:
     return {"documents": [d.model_dump() for d in documents]}
 
 
-class RetrieverClient:
+class RetrieverClient(ServiceClient):
     """Blocking client. ``RetrieverClient("http://127.0.0.1:8001").search("hotpotqa", ["q"])``."""
-
-    def __init__(self, base_url: str, timeout: float = 60.0, **kwargs: Any) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
 
     def search(
         self,
@@ -65,21 +44,6 @@ class RetrieverClient:
 
     def delete(self, collection: str) -> None:
         _check(self.http.delete(f"/v1/collections/{collection}"))
-
-    def ready(self) -> bool:
-        try:
-            return self.http.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> RetrieverClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class AsyncRetrieverClient:

@@ -14,19 +14,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
-
-from hoprl.clients.retriever import _check
+from hoprl.clients.http import ServiceClient
+from hoprl.clients.http import check as _check
 from services.trainer.protocol import Job, JobCreated, JobRequest, JobStatus
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-class TrainerClient:
+class TrainerClient(ServiceClient):
     """Blocking client; ``base_url`` is the service root, e.g. ``http://127.0.0.1:8004``."""
 
     def __init__(self, base_url: str, timeout: float = 30.0, **kwargs: Any) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+        super().__init__(base_url, timeout, **kwargs)
 
     def submit(self, request: JobRequest | dict[str, Any]) -> JobCreated:
         """Queue a job; a dict is validated by the service (4xx raises :class:`ServiceError`)."""
@@ -57,18 +56,3 @@ class TrainerClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job.status} at step {job.step} after {timeout} s")
             time.sleep(poll)
-
-    def ready(self) -> bool:
-        try:
-            return self.http.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> TrainerClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -22,8 +22,9 @@ from starlette.concurrency import run_in_threadpool
 from hoprl.agent.runner import run_episode
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.agent.trajectory import Episode, TokenTrajectory
+from hoprl.clients.http import ServiceError
 from hoprl.clients.llm import Completion, restore_stop
-from hoprl.clients.retriever import AsyncRetrieverClient, ServiceError
+from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.recipes import RECIPES, get_recipe
 from hoprl.schemas import Question
 from services.errors import ApiError

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from hoprl.clients.retriever import RetrieverClient, ServiceError
+from hoprl.clients.http import ServiceError
+from hoprl.clients.retriever import RetrieverClient
 from hoprl.schemas import Document
 
 from .conftest import CORPUS

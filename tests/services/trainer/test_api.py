@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hoprl.clients.retriever import ServiceError
+from hoprl.clients.http import ServiceError
 from hoprl.clients.trainer import TrainerClient
 from hoprl.data.synthetic import write_jsonl
 from hoprl.registry.store import Registry
