@@ -22,9 +22,15 @@ from typing import Any, ClassVar
 
 from hoprl.agent.parsing import parse_tags
 from hoprl.agent.trajectory import Episode
-from hoprl.metrics.answer import containment, exact_match
+from hoprl.metrics.answer import containment
 from hoprl.recipes.base import RewardFunc, versioned
-from hoprl.recipes.baselines import SearchR1, SearchR1Config, final_answers, generated_texts, gold_answers
+from hoprl.recipes.baselines import (
+    SearchR1,
+    SearchR1Config,
+    exact_match_reward,
+    generated_texts,
+    gold_answers,
+)
 
 EVAL_RAR_PROMPT = (
     "Answer the question by reasoning, searching and evaluating what you find. Reason inside <think> "
@@ -56,10 +62,8 @@ def answer_reward(
     episodes: Sequence[Episode] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    """R_ans: exact match of the final answer (1 or 0)."""
-    preds = final_answers(completions, episodes)
-    golds = gold_answers(len(preds), answers, episodes)
-    return [exact_match(p, g) for p, g in zip(preds, golds, strict=True)]
+    """R_ans: exact match of the final answer (1 or 0): the baselines' outcome reward, versioned apart."""
+    return exact_match_reward(prompts, completions, answers=answers, episodes=episodes, **kwargs)
 
 
 def make_evaluate_reward(r_eval: float = 0.1) -> RewardFunc:
