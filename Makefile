@@ -4,18 +4,19 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The stamp changes whenever pyproject.toml does, so `make` re-installs after a dependency change.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-DATASET ?= ../shared/data/hotpotqa_dev.jsonl
+DATASET ?= synthetic
+DATA    ?= ../shared/data/hotpotqa_dev.jsonl
 PYTEST_ARGS ?=
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run pipeline test lint bench openapi services up clean help
+.PHONY: venv run pipeline eval-retrieval test lint bench openapi services up clean help
 
 help:
-	@echo "make run      evaluate retrieval on DATASET=$(DATASET) through the retriever service"
-	@echo "make pipeline the whole training pipeline (Prefect flows) on the embedded default"
+	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baseline, SFT, GRPO, final eval (~15 min)"
+	@echo "make eval-retrieval  Recall/Full-Recall/mAP of dense, BM25 and hybrid on DATA=$(DATA)"
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
 	@echo "make lint     ruff + mypy"
 	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
@@ -39,13 +40,16 @@ venv: $(STAMP)
 services:
 	@bash infra/local-services.sh
 
+# The whole pipeline on the embedded default (synthetic world, SmolLM2-135M, embedded Qdrant,
+# SQLite registry, local services), sized for ~15 minutes on 2 CPU cores; see README.
+PIPELINE_ARGS ?= --steps 2 --segments 2 --sft-steps 12 --eval-limit 12 --dev-limit 4
 run: venv
-	$(BIN)/hoprl eval-retrieval --data $(DATASET) --mode dense sparse hybrid --k 2 5 10
+	$(BIN)/hoprl pipeline --dataset $(DATASET) $(PIPELINE_ARGS)
 
-# The whole pipeline on the embedded default (synthetic world, SmolLM2, SFT then GRPO); see README.
-PIPELINE_ARGS ?= --steps 4 --segments 2 --sft-steps 2 --eval-limit 12 --dev-limit 4
-pipeline: venv
-	$(BIN)/hoprl pipeline $(PIPELINE_ARGS)
+pipeline: run
+
+eval-retrieval: venv
+	$(BIN)/hoprl eval-retrieval --data $(DATA) --mode dense sparse hybrid --k 2 5 10
 
 test: venv services
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

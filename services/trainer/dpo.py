@@ -169,9 +169,10 @@ def dpo_trainer(
     """TRL's DPOTrainer on in-memory models (what :func:`train_dpo` runs). The job loop
     (:mod:`services.trainer.offpolicy`) builds one per step with the same ``ref_model`` and
     ``optimizers``, so the reference stays the starting policy and Adam keeps its moments."""
-    import torch
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
+
+    from services.trainer.hardware import accelerator_args
 
     if not pairs:
         raise ValueError("no preference pairs: store more samples per question or lower delta")
@@ -188,8 +189,7 @@ def dpo_trainer(
         logging_steps=1,
         save_strategy="no",
         disable_tqdm=True,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available(),
+        **accelerator_args(),
     )
     columns = ("prompt", "chosen", "rejected")
     dataset = Dataset.from_list([{k: row[k] for k in columns} for row in pairs])

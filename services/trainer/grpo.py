@@ -32,6 +32,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from hoprl.schemas import Question
+from services.trainer.hardware import accelerator_args
 from services.trainer.protocol import Hyperparameters
 from services.trainer.rollout import AgentRollout
 
@@ -121,8 +122,7 @@ def grpo_config(
         report_to=hp.report_to or "none",
         seed=seed,
         data_seed=seed,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=False,
+        **accelerator_args(),
         disable_tqdm=True,
         dataloader_num_workers=0,
         remove_unused_columns=False,

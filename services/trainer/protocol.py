@@ -32,7 +32,7 @@ class Hyperparameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float | None = Field(None, gt=0, description="default 1e-5 (RL), 5e-5 (SFT)")
+    learning_rate: float | None = Field(None, gt=0, description="default 1e-5 (RL), 3e-4 (SFT)")
     questions_per_step: int = Field(2, ge=1, le=256, description="GRPO groups per optimizer step")
     num_generations: int = Field(4, ge=2, le=64, description="samples per question (the group size)")
     beta: float | None = Field(None, ge=0, description="KL coefficient; 0 = no KL and no reference model")

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
@@ -31,6 +30,7 @@ from hoprl.agent.trajectory import Episode
 from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.schemas import Question
+from services.trainer.hardware import accelerator_args
 from services.trainer.protocol import Hyperparameters
 
 log = logging.getLogger("hoprl.trainer")
@@ -93,18 +93,22 @@ def sft_config(hp: Hyperparameters, steps: int | None, output_dir: str, seed: in
         output_dir=output_dir,
         max_steps=steps or -1,
         num_train_epochs=hp.sft_epochs,
-        learning_rate=hp.learning_rate or 5e-5,
+        # A warm start sees a few dozen to a few hundred expert episodes: at 3e-4, SmolLM2-135M's
+        # loss fell from 1.48 to 0.10 in 8 steps of 4 and dev EM from 0 to 25 in 16 (synthetic).
+        learning_rate=hp.learning_rate or 3e-4,
         per_device_train_batch_size=hp.questions_per_step,
         completion_only_loss=True,
         max_length=None,
+        # Batches of similar lengths: expert episodes run 400-1300 tokens, and padding every row of
+        # a batch to its longest nearly doubled the work of a step.
+        train_sampling_strategy="group_by_length",
         logging_steps=1,
         save_strategy="steps",
         save_steps=hp.save_steps,
         report_to=hp.report_to or "none",
         seed=seed,
         data_seed=seed,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available(),
+        **accelerator_args(),
         disable_tqdm=True,
         dataloader_num_workers=0,
     )

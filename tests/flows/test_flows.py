@@ -10,7 +10,11 @@ file of the session, the run folders a temp folder. The fan-out units run eagerl
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -273,3 +277,57 @@ def test_pipeline_resumes_with_the_same_run_id(urls: ServiceUrls, tiny_model: st
     run = reg.get_run("resumed")
     assert run is not None and run.status == "succeeded" and run.prefect_flow_run_id
     assert Path(first["report"]).is_file() and any(p.endswith("training.png") for p in first["plots"])
+
+
+def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
+    env: Path, urls: ServiceUrls, tiny_model: str
+) -> None:
+    """SIGKILL the flow's process while a training segment runs, then run ``pipeline`` again."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.training import SegmentJobs
+
+    run_id, hp = "killed", {"questions_per_step": 2, "num_generations": 2, "max_turns": 2,
+                            "max_new_tokens_per_step": 8, "token_budget": 64}  # fmt: skip
+    args = {"model": tiny_model, "steps": 4, "segments": 2, "sft_steps": 1, "limit": LIMIT,
+            "eval_limit": 2, "dev_limit": 2, "hyperparameters": hp, "run_id": run_id}  # fmt: skip
+    service_env = {"HOPRL_RETRIEVER_URL": urls.retriever, "HOPRL_POLICY_URL": urls.policy,
+                   "HOPRL_JUDGE_URL": urls.judge, "HOPRL_TRAINER_URL": urls.trainer}  # fmt: skip
+    with TrainerClient(urls.trainer) as client:
+        jobs_before = {j.id for j in client.list()}
+        flow = subprocess.Popen(
+            [sys.executable, "-c", "import json, sys\nfrom flows.pipeline import pipeline\n"
+             "pipeline(**json.loads(sys.argv[1]))", json.dumps(args)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, **service_env, "HOPRL_CELERY_EAGER": "1",
+                 "PREFECT_API_URL": str(PREFECT_API_URL.value())},
+        )  # fmt: skip
+        try:  # kill it once the first RL segment's trainer job is running
+            deadline, segment = time.monotonic() + 600, None
+            while segment is None or client.get(segment).status != "running":
+                assert flow.poll() is None and time.monotonic() < deadline, "never saw a training segment"
+                segment = SegmentJobs(run_id).get(2)
+                time.sleep(0.05)
+        finally:
+            flow.kill()
+            flow.wait()
+        reg = registry()
+        assert reg.get_run(run_id).status == "running"  # type: ignore[union-attr]  # as the kill left it
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in service_env.items():
+                mp.setenv(name, value)
+            result = pipeline(**args)
+        jobs = [j for j in client.list() if j.id not in jobs_before]
+    assert reg.get_run(run_id).status == "succeeded"  # type: ignore[union-attr]
+    # One trainer job per segment (SFT, steps 1-2, steps 3-4): the killed segment's job was waited
+    # for again, not submitted twice, and no checkpoint is missing or repeated.
+    assert len(jobs) == 3 and SegmentJobs(run_id).get(2) == segment
+    assert [c.step for c in reg.checkpoints(run_id)] == [0, 2, 4]
+    assert all(Path(c.path, "model.safetensors").is_file() for c in reg.checkpoints(run_id))
+    assert result["checkpoint"] == reg.checkpoints(run_id)[-1].path
+    # Every training step's episodes exactly once (questions x samples), every dev check's too.
+    for job in jobs:
+        if job.objective != "sft":
+            assert [reg.count_episodes(job.id, s) for s in (1, 2)] == [2 * 2, 2 * 2]
+    assert [reg.count_episodes(run_id, s) for s in (2, 4)] == [2, 2]
+    assert [step for step, _ in reg.metric_series(run_id, "dev/em")] == [2, 4]
