@@ -163,7 +163,7 @@ def pipeline(
         recipe: when-to-search (two stages), evo-rag, r2ag, eval-rar, arena, search-r1, ...
         objective: grpo, dapo, dr_grpo (RL segments; the warm start is always SFT).
         model: HF id or folder; None = the bundled SmolLM2-135M-Instruct.
-        dataset: ``synthetic[:SEED]``, a common-schema JSONL path, or a hub name.
+        dataset: ``synthetic[:SEED[:MAX_HOPS]]``, a common-schema JSONL path, or a hub name.
         steps: RL optimizer steps in all; ``segments`` jobs of ``steps / segments`` each.
         run_id: the registry run; the same id again resumes it. Default: a new id.
         sft_steps: SFT warm-start steps (0: start RL from ``model``).

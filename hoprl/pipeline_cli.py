@@ -91,7 +91,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hoprl pipeline`` (for the lead's ``hoprl/cli.py``)."""
     parser.add_argument(
-        "--dataset", default="synthetic", help="synthetic[:SEED], a JSONL path, or a hub name"
+        "--dataset", default="synthetic", help="synthetic[:SEED[:MAX_HOPS]], a JSONL path, or a hub name"
     )
     parser.add_argument("--recipe", default="when-to-search")
     parser.add_argument("--objective", default="grpo", choices=["grpo", "dapo", "dr_grpo"])

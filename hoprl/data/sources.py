@@ -13,7 +13,8 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
     """Load questions from ``spec``.
 
     - a path to a common-schema JSONL file (e.g. ``../shared/data/hotpotqa_dev.jsonl``), read in place;
-    - ``synthetic`` (optionally ``synthetic:SEED``): the generated multi-hop world, split ``split``;
+    - ``synthetic`` (optionally ``synthetic:SEED`` or ``synthetic:SEED:MAX_HOPS``): the generated
+      multi-hop world, split ``split`` (``synthetic:0:2``: two-hop questions only);
     - a hub name (``hotpotqa``, ``2wiki``, ``musique``, ``bamboogle``, ``nq``, ``triviaqa``, ``popqa``).
     """
     if Path(spec).exists():
@@ -21,8 +22,15 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
     if spec.split(":")[0] == "synthetic":
         from hoprl.data.synthetic import generate
 
-        world_seed = int(spec.split(":")[1]) if ":" in spec else seed
-        questions: list[Question] = list(generate(seed=world_seed)[split])
+        parts = spec.split(":")
+        try:
+            world_seed = int(parts[1]) if len(parts) > 1 else seed
+            max_hops = int(parts[2]) if len(parts) > 2 else None
+        except ValueError:
+            raise DataError(f"{spec!r}: write synthetic, synthetic:SEED or synthetic:SEED:MAX_HOPS") from None
+        if len(parts) > 3:
+            raise DataError(f"{spec!r}: write synthetic, synthetic:SEED or synthetic:SEED:MAX_HOPS")
+        questions: list[Question] = list(generate(seed=world_seed, max_hops=max_hops)[split])
         return questions[:limit] if limit is not None else questions
     if spec in HUB:
         return load_hub(spec, split, limit)

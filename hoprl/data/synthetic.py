@@ -415,13 +415,22 @@ def _to_question(world: World, rng: random.Random, draft: _Draft, qid: str, spli
     )
 
 
-def _plan(rng: random.Random, total: int, unanswerable_share: float) -> list[tuple[str, bool]]:
-    """(type, answerable) per question: answerable ones mix bridge-2/3/4 and comparison."""
+def _plan(
+    rng: random.Random, total: int, unanswerable_share: float, max_hops: int | None = None
+) -> list[tuple[str, bool]]:
+    """(type, answerable) per question: answerable ones mix bridge-2/3/4 and comparison (2 hops);
+    ``max_hops`` leaves out the longer chains (the weights of the rest keep their proportions)."""
     n_unanswerable = round(unanswerable_share * total)
-    answerable = rng.choices(
-        ["bridge-2", "bridge-3", "bridge-4", "comparison"], [0.3, 0.25, 0.15, 0.3], k=total - n_unanswerable
-    )
-    unanswerable = [f"bridge-{2 + i % 3}" for i in range(n_unanswerable)]
+    kinds, weights = ["bridge-2", "bridge-3", "bridge-4", "comparison"], [0.3, 0.25, 0.15, 0.3]
+    bridges = [2, 3, 4]
+    if max_hops is not None:
+        if max_hops < 2:
+            raise ValueError(f"max_hops must be at least 2 (every question has two hops), got {max_hops}")
+        keep = [i for i, k in enumerate(kinds) if k == "comparison" or int(k.split("-")[1]) <= max_hops]
+        kinds, weights = [kinds[i] for i in keep], [weights[i] for i in keep]
+        bridges = [n for n in bridges if n <= max_hops]
+    answerable = rng.choices(kinds, weights, k=total - n_unanswerable)
+    unanswerable = [f"bridge-{bridges[i % len(bridges)]}" for i in range(n_unanswerable)]
     plan = [(t, True) for t in answerable] + [(t, False) for t in unanswerable]
     rng.shuffle(plan)
     return plan
@@ -449,25 +458,33 @@ def _draft(world: World, rng: random.Random, kind: str, answerable: bool, seen: 
 
 def generate(
     seed: int = 0,
-    n_entities: int = 300,
+    n_entities: int | None = None,
     n_train: int = 600,
     n_dev: int = 150,
     n_test: int = 150,
     unanswerable_share: float = 0.15,
+    max_hops: int | None = None,
 ) -> dict[str, list[SyntheticQuestion]]:
     """Questions over ``build_world(seed, n_entities)``, split into train / dev / test.
+
+    ``max_hops`` keeps only chains of at most that many hops (2: two-hop bridges and comparisons,
+    the shortest episodes, for quick runs on a CPU); ``None`` mixes two to four.
+    ``n_entities`` defaults to 300, or 600 with ``max_hops=2``: a world of 300 holds too few
+    distinct two-hop chains for the 900 questions.
 
     Question ids are ``syn{seed}-{split}-{index}`` and unique across splits; the unanswerable
     share is exact (rounded) over all splits together and spread across them by the shuffle.
     """
     if not 0.0 <= unanswerable_share < 1.0:
         raise ValueError(f"unanswerable_share must be in [0, 1), got {unanswerable_share}")
+    if n_entities is None:
+        n_entities = 600 if max_hops == 2 else 300
     world = build_world(seed, n_entities)
     rng = random.Random(seed * 1_000_003 + 7)  # independent of the world's stream
     seen: set[str] = set()
     drafts = [
         _draft(world, rng, kind, ok, seen)
-        for kind, ok in _plan(rng, n_train + n_dev + n_test, unanswerable_share)
+        for kind, ok in _plan(rng, n_train + n_dev + n_test, unanswerable_share, max_hops)
     ]
     splits: dict[str, list[SyntheticQuestion]] = {}
     start = 0

@@ -130,6 +130,9 @@ def test_shared_jsonl_reads_in_place_and_round_trips(tmp_path: Path) -> None:
     write_questions(tmp_path / "copy.jsonl", questions)
     assert load_questions(tmp_path / "copy.jsonl") == questions
     assert len(load("synthetic", split="dev", limit=3)) == 3
+    assert {q.type for q in load("synthetic:0:2", split="dev")} == {"bridge-2", "comparison"}
+    with pytest.raises(DataError, match="synthetic:SEED:MAX_HOPS"):
+        load("synthetic:zero")
 
 
 def test_bad_files_name_the_line(tmp_path: Path) -> None:

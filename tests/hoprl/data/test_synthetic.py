@@ -186,8 +186,20 @@ def test_hops_for_synthetic_and_benchmark_questions(questions: list[SyntheticQue
         ({"n_entities": 20}, "at least 40"),
         ({"unanswerable_share": 1.0}, "unanswerable_share"),
         ({"n_entities": 40, "n_train": 20_000, "n_dev": 0, "n_test": 0}, "more entities"),
+        ({"max_hops": 1}, "max_hops must be at least 2"),
     ],
 )
 def test_bad_sizes_name_the_fix(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         generate(seed=0, **kwargs)
+
+
+def test_max_hops_keeps_only_short_chains_and_the_default_is_unchanged() -> None:
+    short = generate(seed=SEED, max_hops=2)  # 600 entities by default: enough two-hop chains
+    kinds = Counter(q.type for qs in short.values() for q in qs)
+    assert set(kinds) == {"bridge-2", "comparison"} and sum(kinds.values()) == 900
+    assert all(len(hops_for(q)) == 2 for qs in short.values() for q in qs)
+    three = generate(seed=SEED, max_hops=3, **SMALL)
+    assert {q.type for qs in three.values() for q in qs} <= {"bridge-2", "bridge-3", "comparison"}
+    # Leaving max_hops out draws exactly what it drew before the option existed.
+    assert generate(seed=SEED, **SMALL) == generate(seed=SEED, max_hops=None, **SMALL)
