@@ -85,7 +85,9 @@ class JobRequest(BaseModel):
     recipe: str = Field(description="a recipe name, e.g. when-to-search")
     objective: Objective = "grpo"
     model: str | None = Field(None, description="HF id or checkpoint folder; unset = the default model")
-    dataset: str = Field("synthetic", description="a JSONL path, 'synthetic[:SEED[:MAX_HOPS]]', or a hub name")
+    dataset: str = Field(
+        "synthetic", description="a JSONL path, 'synthetic[:SEED[:MAX_HOPS]]', or a hub name"
+    )
     collection: str | None = Field(
         None, description="retriever collection; unset = index the dataset's paragraphs"
     )
