@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The stamp changes whenever pyproject.toml does, so `make` re-installs after a dependency change.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-DATASET ?= synthetic
+DATASET ?= synthetic:0:2
 DATA    ?= ../shared/data/hotpotqa_dev.jsonl
 PYTEST_ARGS ?=
 
@@ -42,7 +42,7 @@ services:
 
 # The whole pipeline on the embedded default (synthetic world, SmolLM2-135M, embedded Qdrant,
 # SQLite registry, local services), sized for ~15 minutes on 2 CPU cores; see README.
-PIPELINE_ARGS ?= --steps 2 --segments 2 --sft-steps 12 --eval-limit 12 --dev-limit 4
+PIPELINE_ARGS ?= --steps 2 --segments 2 --sft-steps 24 --eval-limit 20 --dev-limit 4
 run: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(PIPELINE_ARGS)
 
