@@ -7,8 +7,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from hoprl.embedding import Embedder, torch_threads
 from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchRequest, SearchResponse
 from services.retriever.settings import RetrieverSettings
@@ -65,11 +63,6 @@ class HybridIndex:
         self.embedder = embedder or Embedder(
             settings.embedder, max_length=settings.embed_max_length, batch_size=settings.embed_batch_size
         )
-        # The process rests at the query thread count and switches only around an ingest batch:
-        # switching torch's thread pool on every query (2 -> 1 -> 2) doubled single-query encoding.
-        self.index_threads = settings.torch_threads or torch.get_num_threads()
-        if settings.query_threads:
-            torch.set_num_threads(settings.query_threads)
 
     def close(self) -> None:
         self.store.close()
@@ -127,7 +120,7 @@ class HybridIndex:
         start = time.perf_counter()
         self.create(name, documents)
         text_bm25, title_bm25 = self._bm25(name)
-        with torch_threads(self.index_threads):
+        with torch_threads(self.settings.torch_threads):
             dense = self.embedder.encode([dense_text(d) for d in documents])
         points = [
             PointIn(
