@@ -1,7 +1,9 @@
 """Training benchmarks for the trainer's targets (CPU by default; long versions are for an idle box).
 
-    # 1. GRPO step wall time with and without multi-turn retrieval, in one run
-    python bench/train.py step-time --steps 3
+    # 1. GRPO step wall time with and without multi-turn retrieval, in one run (from an SFT
+    #    checkpoint that searches; the untrained model never does)
+    python bench/train.py step-time --steps 3 --recipe when-to-search --dataset synthetic:0:2 \
+        --model runs/<run>/jobs/<sft job>/checkpoint-24
     # 2. SFT warm start, then GRPO with when-to-search on the synthetic world; dev EM and
     #    retrieval count for SFT-only and for SFT+GRPO at the end of stage 1 and of stage 2
     python bench/train.py when-to-search --sft-steps 300 --grpo-steps 200 --switch-step 100 --dev 150
@@ -91,14 +93,16 @@ def summary(name: str, scores: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_time(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
-    """GRPO steps of the default model: search-r1 multi-turn (retrieval between turns) vs the same
-    recipe cut to one turn (no injected retrieval), same questions, same sampling."""
+    """GRPO steps: the recipe multi-turn (retrieval between turns) vs the same recipe cut to one
+    turn (no injected retrieval), same questions, same sampling. An untrained model never
+    searches, so pass a warm-started ``--model`` (e.g. an SFT checkpoint) for a real comparison."""
     out = {}
     for label, turns in (("multi-turn retrieval", args.turns), ("single turn, no retrieval", 1)):
         hp = Hyperparameters(questions_per_step=args.questions, num_generations=args.generations,
                              max_turns=turns, max_new_tokens_per_step=args.tokens,
                              token_budget=args.tokens * turns * 4, save_steps=1000)  # fmt: skip
-        request = JobRequest(recipe="search-r1", dataset="synthetic", steps=args.steps, hyperparameters=hp)
+        request = JobRequest(recipe=args.recipe, dataset=args.dataset, model=args.model, steps=args.steps,
+                             hyperparameters=hp)  # fmt: skip
         run_id, _ = train(registry, settings, request)
         series = {k: [v for _, v in registry.metric_series(run_id, k)]
                   for k in ("step_time", "rollout_s", "retrieval_s", "generation_s")}  # fmt: skip
@@ -182,6 +186,9 @@ def main() -> None:
     p.add_argument("command", choices=sorted(COMMANDS))
     p.add_argument("--out", type=Path, default=Path(".hoprl/bench/train"))
     p.add_argument("--steps", type=int, default=3, help="step-time: GRPO steps per variant")
+    p.add_argument("--model", default=None, help="step-time: model or checkpoint folder")
+    p.add_argument("--recipe", default="search-r1", help="step-time: the recipe")
+    p.add_argument("--dataset", default="synthetic", help="step-time: the dataset spec")
     p.add_argument("--sft-steps", type=int, default=20)
     p.add_argument("--grpo-steps", type=int, default=4)
     p.add_argument("--switch-step", type=int, default=2, help="when-to-search: stage 1 -> 2 at this step")
