@@ -23,13 +23,10 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
         from hoprl.data.synthetic import generate
 
         parts = spec.split(":")
-        try:
-            world_seed = int(parts[1]) if len(parts) > 1 else seed
-            max_hops = int(parts[2]) if len(parts) > 2 else None
-        except ValueError:
-            raise DataError(f"{spec!r}: write synthetic, synthetic:SEED or synthetic:SEED:MAX_HOPS") from None
-        if len(parts) > 3:
+        if len(parts) > 3 or not all(p.isdigit() for p in parts[1:]):
             raise DataError(f"{spec!r}: write synthetic, synthetic:SEED or synthetic:SEED:MAX_HOPS")
+        world_seed = int(parts[1]) if len(parts) > 1 else seed
+        max_hops = int(parts[2]) if len(parts) > 2 else None
         questions: list[Question] = list(generate(seed=world_seed, max_hops=max_hops)[split])
         return questions[:limit] if limit is not None else questions
     if spec in HUB:

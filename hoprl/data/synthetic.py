@@ -415,20 +415,22 @@ def _to_question(world: World, rng: random.Random, draft: _Draft, qid: str, spli
     )
 
 
+#: answerable question kinds, their share of the mix and their hop counts
+_KIND_WEIGHTS = {"bridge-2": 0.3, "bridge-3": 0.25, "bridge-4": 0.15, "comparison": 0.3}
+_KIND_HOPS = {"bridge-2": 2, "bridge-3": 3, "bridge-4": 4, "comparison": 2}
+
+
 def _plan(
     rng: random.Random, total: int, unanswerable_share: float, max_hops: int | None = None
 ) -> list[tuple[str, bool]]:
     """(type, answerable) per question: answerable ones mix bridge-2/3/4 and comparison (2 hops);
     ``max_hops`` leaves out the longer chains (the weights of the rest keep their proportions)."""
     n_unanswerable = round(unanswerable_share * total)
-    kinds, weights = ["bridge-2", "bridge-3", "bridge-4", "comparison"], [0.3, 0.25, 0.15, 0.3]
-    bridges = [2, 3, 4]
-    if max_hops is not None:
-        if max_hops < 2:
-            raise ValueError(f"max_hops must be at least 2 (every question has two hops), got {max_hops}")
-        keep = [i for i, k in enumerate(kinds) if k == "comparison" or int(k.split("-")[1]) <= max_hops]
-        kinds, weights = [kinds[i] for i in keep], [weights[i] for i in keep]
-        bridges = [n for n in bridges if n <= max_hops]
+    if max_hops is not None and max_hops < 2:
+        raise ValueError(f"max_hops must be at least 2 (every question has two hops), got {max_hops}")
+    kinds = [k for k in _KIND_WEIGHTS if max_hops is None or _KIND_HOPS[k] <= max_hops]
+    weights = [_KIND_WEIGHTS[k] for k in kinds]
+    bridges = [_KIND_HOPS[k] for k in kinds if k.startswith("bridge")]
     answerable = rng.choices(kinds, weights, k=total - n_unanswerable)
     unanswerable = [f"bridge-{bridges[i % len(bridges)]}" for i in range(n_unanswerable)]
     plan = [(t, True) for t in answerable] + [(t, False) for t in unanswerable]

@@ -99,8 +99,8 @@ def sft_config(hp: Hyperparameters, steps: int | None, output_dir: str, seed: in
         per_device_train_batch_size=hp.questions_per_step,
         completion_only_loss=True,
         max_length=None,
-        # Batches of similar lengths: expert episodes run 400-1300 tokens, and padding every row of
-        # a batch to its longest nearly doubled the work of a step.
+        # Batches of similar lengths: expert episodes run 400-1300 tokens and each row pads to the
+        # longest of its batch (6 steps of 4: 341 s grouped against 367 s random, same data).
         train_sampling_strategy="group_by_length",
         logging_steps=1,
         save_strategy="steps",
