@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,11 +102,11 @@ def time_batched(fn: Callable[[list[str]], object], queries: list[str], batch: i
     return len(queries) / (time.perf_counter() - start)
 
 
-def run(data: Path, n_queries: int) -> dict[str, dict[str, float]]:
+def run(data: Path, n_queries: int) -> dict[str, dict[str, Any]]:
     questions = load_questions(data)
     documents = pool(questions)
     queries = [q.question for q in questions][:n_queries]
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
 
     with tempfile.TemporaryDirectory() as storage:
         settings = RetrieverSettings(storage_path=Path(storage))
@@ -139,6 +140,7 @@ def run(data: Path, n_queries: int) -> dict[str, dict[str, float]]:
         "documents": len(documents),
         "queries": len(queries),
         "threads": torch.get_num_threads(),
+        "encoder": f"{settings.embed_backend}, {settings.embed_max_length} tokens",
     }
     return results
 
@@ -158,7 +160,7 @@ def main() -> None:
     svc, ref, meta = results["service"], results["reference"], results["meta"]
     print(
         f"corpus: {args.data} -> {meta['documents']:.0f} paragraphs; {meta['queries']:.0f} queries; "
-        f"torch threads {meta['threads']:.0f}"
+        f"torch threads {meta['threads']:.0f}; service encoder {meta['encoder']}"
     )
     print(f"{'metric':34} {'service':>10} {'reference':>10} {'ratio':>8}")
     rows = [

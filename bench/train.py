@@ -119,9 +119,11 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
     sft = JobRequest(
         recipe="when-to-search",
         objective="sft",
-        dataset="synthetic",
+        dataset=args.dataset,
         steps=args.sft_steps,
-        hyperparameters=Hyperparameters(questions_per_step=4, save_steps=args.sft_steps, **common),
+        hyperparameters=Hyperparameters(
+            questions_per_step=args.sft_questions, save_steps=args.sft_steps, **common
+        ),
     )
     sft_id, sft_path = train(registry, settings, sft)
     hp = Hyperparameters(
@@ -129,13 +131,15 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         num_generations=args.generations,
         save_steps=args.switch_step,
         token_budget=args.tokens * args.turns * 4,
+        learning_rate=args.lr,
         **common,
     )
-    grpo = JobRequest(recipe="when-to-search", objective="dapo", model=sft_id, dataset="synthetic",
+    grpo = JobRequest(recipe="when-to-search", objective=args.objective, model=sft_id, dataset=args.dataset,
                       steps=args.grpo_steps, hyperparameters=hp)  # fmt: skip
     grpo_id, _ = train(registry, settings, grpo)
-    dev = load("synthetic", "dev")[: args.dev]
-    collection = ensure_collection(grpo, load("synthetic", "train") + load("synthetic", "dev"), settings)
+    full_dev = load(args.dataset, "dev")
+    dev = full_dev[: args.dev]
+    collection = ensure_collection(grpo, load(args.dataset, "train") + full_dev, settings)
     stage1 = next((c.path for c in registry.checkpoints(grpo_id) if c.step == args.switch_step), None)
     final = registry.latest_checkpoint(grpo_id).path  # type: ignore[union-attr]
     models = (("sft", sft_path), ("grpo_stage1", stage1), ("grpo_stage2", final))
@@ -188,7 +192,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="step-time: GRPO steps per variant")
     p.add_argument("--model", default=None, help="step-time: model or checkpoint folder")
     p.add_argument("--recipe", default="search-r1", help="step-time: the recipe")
-    p.add_argument("--dataset", default="synthetic", help="step-time: the dataset spec")
+    p.add_argument("--dataset", default="synthetic", help="step-time, when-to-search: the dataset spec")
+    p.add_argument("--objective", default="dapo", help="when-to-search: the RL objective")
+    p.add_argument("--lr", type=float, default=None, help="RL learning rate (unset: the trainer default)")
+    p.add_argument("--sft-questions", type=int, default=4, help="SFT episodes per step")
     p.add_argument("--sft-steps", type=int, default=20)
     p.add_argument("--grpo-steps", type=int, default=4)
     p.add_argument("--switch-step", type=int, default=2, help="when-to-search: stage 1 -> 2 at this step")

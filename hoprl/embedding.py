@@ -16,12 +16,24 @@ import functools
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+Backend = Literal["torch", "onnx", "onnx-int8"]
+
+
+class TextEncoder(Protocol):
+    """What the retriever needs from an embedder (:class:`Embedder` or the ONNX one)."""
+
+    name: str
+    dim: int
+    max_length: int
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 def default_model_path() -> Path:
@@ -117,6 +129,25 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def load_embedder(
+    model: str | Path | None = None,
+    backend: Backend = "torch",
+    max_length: int = 256,
+    batch_size: int = 32,
+    threads: int = 0,
+    query_threads: int = 1,
+) -> TextEncoder:
+    """An embedder on ``backend``: torch (bf16 autocast where the CPU has it), or ONNX Runtime in
+    float32 or with int8 weights (:mod:`hoprl.onnx_embedding`). ``threads`` and ``query_threads``
+    size ONNX Runtime's sessions; the torch embedder leaves threads to :func:`torch_threads`."""
+    if backend == "torch":
+        return Embedder(model, max_length=max_length, batch_size=batch_size)
+    from hoprl.onnx_embedding import OnnxEmbedder
+
+    return OnnxEmbedder(model, max_length=max_length, batch_size=batch_size, quantize=backend == "onnx-int8",
+                        threads=threads, query_threads=query_threads)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=4)

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from hoprl.embedding import Embedder, torch_threads
+from hoprl.embedding import TextEncoder, load_embedder, torch_threads
 from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchRequest, SearchResponse
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sparse import Bm25, mean_length
@@ -54,14 +54,19 @@ def sparse_text(doc: Document) -> str:
 class HybridIndex:
     """Collections of documents searchable by dense, BM25 and fused (RRF) queries."""
 
-    def __init__(self, settings: RetrieverSettings, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: RetrieverSettings, embedder: TextEncoder | None = None) -> None:
         self.settings = settings
         self.store = open_store(settings)
         # Collection metadata never changes after creation; a server store would otherwise answer
         # one extra HTTP call per search for it.
         self._meta: dict[str, dict[str, Any]] = {}
-        self.embedder = embedder or Embedder(
-            settings.embedder, max_length=settings.embed_max_length, batch_size=settings.embed_batch_size
+        self.embedder = embedder or load_embedder(
+            settings.embedder,
+            backend=settings.embed_backend,
+            max_length=settings.embed_max_length,
+            batch_size=settings.embed_batch_size,
+            threads=settings.torch_threads,
+            query_threads=settings.query_threads,
         )
 
     def close(self) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hoprl.embedding import Backend
+
 
 class RetrieverSettings(BaseSettings):
     """Where vectors live, how documents are embedded, the fusion recipe and the request limits.
@@ -32,6 +34,11 @@ class RetrieverSettings(BaseSettings):
         "'local' (qdrant-client's pure-Python local mode, slow; for parity tests)",
     )
     embedder: str | None = Field(None, description="embedder folder or HF id; unset = bundled MiniLM")
+    embed_backend: Backend = Field(
+        "onnx-int8",
+        description="'onnx-int8' (ONNX Runtime, int8 weights: the fastest), 'onnx' (float32) or 'torch' "
+        "(bf16 autocast where the CPU has it); the onnx backends export the model once into ~/.cache/hoprl",
+    )
     embed_max_length: int = Field(
         128,
         ge=16,
@@ -40,9 +47,9 @@ class RetrieverSettings(BaseSettings):
         "as 256 does (hybrid R@5 0.910 vs 0.911) and indexes about twice as fast (docs/retrieval.md)",
     )
     embed_batch_size: int = Field(32, ge=1, le=512)
-    torch_threads: int = Field(0, ge=0, description="torch threads for indexing; 0 = every core")
+    torch_threads: int = Field(0, ge=0, description="encoder threads for indexing; 0 = every core")
     query_threads: int = Field(
-        1, ge=0, description="torch threads for query encoding: 1 keeps tail latency low under load"
+        1, ge=0, description="encoder threads for query encoding: 1 keeps tail latency low under load"
     )
 
     bm25_k1: float = Field(1.2, gt=0)

@@ -586,3 +586,16 @@ def test_the_qdrant_healthcheck_script_reads_a_readyz_status_line(started: Start
     assert subprocess.run(["bash", "-c", script.replace("/6333", f"/{port}")], timeout=30).returncode == 0
     closed = free_port()
     assert subprocess.run(["bash", "-c", script.replace("/6333", f"/{closed}")], timeout=30).returncode != 0
+
+
+def test_cpu_image_exports_the_retriever_encoder_at_build_time(tmp_path: Path) -> None:
+    """The build step that exports MiniLM to int8 ONNX runs here as written, into HOPRL_CACHE."""
+    steps = dockerfile("Dockerfile")
+    at = next(i for i, (op, args) in enumerate(steps) if op == "RUN" and "onnx_embedding" in args)
+    envs = [args for op, args in steps[:at] if op == "ENV" and args.startswith("HOPRL_CACHE=")]
+    assert envs and envs[-1].split("=", 1)[1].startswith("/app/"), "the cache lives under /app (chowned)"
+    argv = shlex.split(steps[at][1])
+    proc = subprocess.run([BIN / argv[0], *argv[1:]], env={**os.environ, "HOPRL_CACHE": str(tmp_path)},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in tmp_path.glob("onnx/*/*")] == ["model-int8.onnx"]
