@@ -45,7 +45,7 @@ from services.policy.agent import EngineChat
 from services.policy.engines import TransformersEngine
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
-from services.trainer.jobs import ensure_collection, run_job, submit
+from services.trainer.jobs import checkpoint_of, ensure_collection, run_job, submit
 from services.trainer.protocol import Hyperparameters, JobRequest
 from services.trainer.settings import TrainerSettings
 
@@ -125,7 +125,10 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
             questions_per_step=args.sft_questions, save_steps=args.sft_steps, **common
         ),
     )
-    sft_id, sft_path = train(registry, settings, sft)
+    if args.sft_job:  # reuse an SFT job of this registry (--out)
+        sft_id, sft_path = args.sft_job, checkpoint_of(registry, args.sft_job)
+    else:
+        sft_id, sft_path = train(registry, settings, sft)
     hp = Hyperparameters(
         questions_per_step=args.questions,
         num_generations=args.generations,
@@ -196,13 +199,20 @@ def main() -> None:
     p.add_argument("--objective", default="dapo", help="when-to-search: the RL objective")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (unset: the trainer default)")
     p.add_argument("--sft-questions", type=int, default=4, help="SFT episodes per step")
+    p.add_argument("--sft-job", default=None, help="when-to-search: reuse this SFT job of the --out registry")
     p.add_argument("--sft-steps", type=int, default=20)
     p.add_argument("--grpo-steps", type=int, default=4)
     p.add_argument("--switch-step", type=int, default=2, help="when-to-search: stage 1 -> 2 at this step")
     p.add_argument("--questions", type=int, default=2, help="questions per GRPO step")
     p.add_argument("--generations", type=int, default=4, help="samples per question")
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=48, help="new tokens per agent step")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=64,
+        help="new tokens per agent step (a reflect + think + "
+        "search turn of the when-to-search protocol needs ~60)",
+    )
     p.add_argument("--dev", type=int, default=20, help="when-to-search: dev questions")
     p.add_argument("--dev-n", type=int, default=20, help="arena: dev questions (a fixed sample)")
     p.add_argument("--train", default="../shared/data/hotpotqa_train.jsonl")

@@ -139,7 +139,7 @@ class OnnxEmbedder:
         batch_size: texts per forward pass; batches are formed from length-sorted texts.
         quantize: int8 weights (default) or the float32 export.
         threads: ONNX Runtime threads for batches (0 = one per core).
-        query_threads: threads for lists of at most ``SMALL_BATCH`` texts.
+        query_threads: threads for lists of at most ``SMALL_BATCH`` texts (0 = one per core).
         cache: where exported files live (default :func:`cache_root`).
     """
 
@@ -173,7 +173,7 @@ class OnnxEmbedder:
             return ort.InferenceSession(file, options, providers=["CPUExecutionProvider"])
 
         self._batch = session(threads)
-        self._small = session(query_threads) if query_threads else self._batch
+        self._small = self._batch if query_threads == threads else session(query_threads)
         self._inputs = [i.name for i in self._batch.get_inputs()]
         self.dim = int(self._batch.get_outputs()[0].shape[-1])
 

@@ -66,7 +66,7 @@ class HybridIndex:
             max_length=settings.embed_max_length,
             batch_size=settings.embed_batch_size,
             threads=settings.torch_threads,
-            query_threads=settings.query_threads,
+            query_threads=settings.search_threads,
         )
 
     def close(self) -> None:
@@ -182,7 +182,7 @@ class HybridIndex:
     def _dense(self, request: SearchRequest) -> list[list[float] | None]:
         if request.mode == "sparse":
             return [None] * len(request.queries)
-        with torch_threads(self.settings.query_threads):
+        with torch_threads(self.settings.search_threads):
             return [v.tolist() for v in self.embedder.encode(request.queries)]
 
 

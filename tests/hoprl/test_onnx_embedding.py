@@ -82,3 +82,9 @@ def test_backend_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RETRIEVER_EMBED_BACKEND", "tensorrt")
     with pytest.raises(ValidationError, match="embed_backend"):
         RetrieverSettings()
+
+
+def test_query_threads_follow_the_backend() -> None:
+    assert RetrieverSettings().search_threads == 0  # every core on onnx-int8, the default
+    assert RetrieverSettings(embed_backend="torch").search_threads == 1
+    assert RetrieverSettings(embed_backend="torch", query_threads=2).search_threads == 2
