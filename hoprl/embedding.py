@@ -16,7 +16,7 @@ import functools
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -24,16 +24,6 @@ from transformers import AutoModel, AutoTokenizer
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 Backend = Literal["torch", "onnx", "onnx-int8"]
-
-
-class TextEncoder(Protocol):
-    """What the retriever needs from an embedder (:class:`Embedder` or the ONNX one)."""
-
-    name: str
-    dim: int
-    max_length: int
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 def default_model_path() -> Path:
@@ -52,7 +42,43 @@ def _bf16_supported() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-class Embedder:
+class TextEncoder:
+    """Shared by the torch and ONNX embedders: length-sorted batches, empty input, similarity.
+
+    Subclasses set ``name``, ``dim``, ``max_length``, ``batch_size`` and ``tokenizer`` and
+    implement :meth:`_forward` (one batch of texts to L2-normalised float32 vectors).
+    """
+
+    name: str
+    dim: int
+    max_length: int
+    batch_size: int
+    tokenizer: Any
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        # Longest first, so each batch pads to similar lengths.
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            out[idx] = self._forward([texts[i] for i in idx], len(texts))
+        return out
+
+    def similarity(self, a: Sequence[str], b: Sequence[str]) -> np.ndarray:
+        """Cosine similarity matrix between two lists of texts."""
+        return self.encode(a) @ self.encode(b).T
+
+    def _tokens(self, texts: list[str], tensors: str) -> Any:
+        return self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors=tensors
+        )
+
+    def _forward(self, texts: list[str], total: int) -> np.ndarray:
+        """Vectors of one batch; ``total`` is the size of the whole ``encode`` call."""
+        raise NotImplementedError
+
+
+class Embedder(TextEncoder):
     """Encode texts into L2-normalised float32 vectors.
 
     Args:
@@ -83,32 +109,13 @@ class Embedder:
         self.bf16 = _bf16_supported() if bf16 is None else bf16
         self.dim = int(self.model.config.hidden_size)
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        # Longest first, so each batch pads to similar lengths.
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start : start + self.batch_size]
-                batch = self.tokenizer(
-                    [texts[i] for i in idx],
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                    return_tensors="pt",
-                )
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-                    hidden = self.model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
-                pooled = (hidden.to(torch.float32) * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                out[idx] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
-        return out
-
-    def similarity(self, a: Sequence[str], b: Sequence[str]) -> np.ndarray:
-        """Cosine similarity matrix between two lists of texts."""
-        return self.encode(a) @ self.encode(b).T
+    def _forward(self, texts: list[str], total: int) -> np.ndarray:
+        batch = self._tokens(texts, "pt")
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            hidden = self.model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
+        pooled = (hidden.to(torch.float32) * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1).numpy()
 
 
 @contextlib.contextmanager

@@ -22,12 +22,12 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from hoprl.embedding import DEFAULT_EMBEDDER, default_model_path
+from hoprl.embedding import DEFAULT_EMBEDDER, TextEncoder, default_model_path
 
 # Lists of at most this many texts (a search request's queries) run on a one-thread session:
 # a parallel region on a 2-core box waits for a descheduled thread when the other core is busy.
@@ -130,7 +130,7 @@ def _export_fp32(model_path: Path, out: Path) -> None:
         )
 
 
-class OnnxEmbedder:
+class OnnxEmbedder(TextEncoder):
     """Encode texts into L2-normalised float32 vectors with ONNX Runtime.
 
     Args:
@@ -177,25 +177,7 @@ class OnnxEmbedder:
         self._inputs = [i.name for i in self._batch.get_inputs()]
         self.dim = int(self._batch.get_outputs()[0].shape[-1])
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        runner = self._small if len(texts) <= SMALL_BATCH else self._batch
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            batch = self.tokenizer(
-                [texts[i] for i in idx],
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_tensors="np",
-            )
-            feed = {n: batch[n].astype(np.int64) for n in self._inputs}
-            out[idx] = runner.run(None, feed)[0]
-        return out
-
-    def similarity(self, a: Sequence[str], b: Sequence[str]) -> np.ndarray:
-        """Cosine similarity matrix between two lists of texts."""
-        return self.encode(a) @ self.encode(b).T
+    def _forward(self, texts: list[str], total: int) -> np.ndarray:
+        runner = self._small if total <= SMALL_BATCH else self._batch
+        batch = self._tokens(texts, "np")
+        return runner.run(None, {n: batch[n].astype(np.int64) for n in self._inputs})[0]
