@@ -34,11 +34,14 @@ console = Console(stderr=True)
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from hoprl.clients.http import SERVER_KEEP_ALIVE_S
+
     if args.service not in SERVICES:
         console.print(f"[red]unknown service {args.service!r}; valid: {', '.join(SERVICES)}")
         return 2
     port = args.port or DEFAULT_PORTS[args.service]
-    uvicorn.run(SERVICES[args.service], host=args.host, port=port, log_level=args.log_level)
+    uvicorn.run(SERVICES[args.service], host=args.host, port=port, log_level=args.log_level,
+                timeout_keep_alive=SERVER_KEEP_ALIVE_S)  # fmt: skip
     return 0
 
 

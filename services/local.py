@@ -13,6 +13,8 @@ from types import TracebackType
 import uvicorn
 from fastapi import FastAPI
 
+from hoprl.clients.http import SERVER_KEEP_ALIVE_S
+
 
 class LocalServer:
     """``with LocalServer(app) as server: httpx.get(server.url + "/healthz")``."""
@@ -20,7 +22,8 @@ class LocalServer:
     def __init__(
         self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 120
     ) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                                timeout_keep_alive=SERVER_KEEP_ALIVE_S)  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="hoprl-local-server", daemon=True)
         self.host = host

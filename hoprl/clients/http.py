@@ -6,6 +6,18 @@ from typing import Any, Self
 
 import httpx
 
+# Keep-alive: the client must drop an idle connection before the server does. With both at 5 s
+# (httpx's and uvicorn's defaults), a request sent on a connection the server is just closing
+# fails with ReadError; that crashed a GRPO run whose generation left the retriever idle between
+# searches. Our servers keep idle connections SERVER_KEEP_ALIVE_S, the clients CLIENT_KEEP_ALIVE_S.
+SERVER_KEEP_ALIVE_S = 30
+CLIENT_KEEP_ALIVE_S = 2.0
+
+
+def client_options(timeout: float, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """httpx client options: the timeout, connection limits with the keep-alive above, then ``kwargs``."""
+    return {"timeout": timeout, "limits": httpx.Limits(keepalive_expiry=CLIENT_KEEP_ALIVE_S), **kwargs}
+
 
 class ServiceError(RuntimeError):
     """A service answered with an error; ``status`` and the JSON ``body`` are kept."""
@@ -32,7 +44,7 @@ class ServiceClient:
     """A blocking client of one hoprl service: ``with RetrieverClient(url) as client: ...``."""
 
     def __init__(self, base_url: str, timeout: float = 60.0, **kwargs: Any) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout, **kwargs)
+        self.http = httpx.Client(base_url=base_url, **client_options(timeout, kwargs))
 
     def ready(self) -> bool:
         """``GET /readyz`` answered 200 (False while the service is down or not ready)."""

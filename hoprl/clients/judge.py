@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from hoprl.clients.http import ServiceClient
+from hoprl.clients.http import ServiceClient, client_options
 from hoprl.clients.http import check as _check
 from hoprl.judging import Verdict
 
@@ -105,7 +105,7 @@ class AsyncJudgeClient:
     """Async client for evaluation loops: ``await client.answer(items)``."""
 
     def __init__(self, base_url: str, timeout: float = 120.0, **kwargs: Any) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **kwargs)
+        self.http = httpx.AsyncClient(base_url=base_url, **client_options(timeout, kwargs))
 
     async def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
         response = await self.http.post("/v1/judge/answer", json=_body(items))

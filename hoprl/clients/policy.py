@@ -16,7 +16,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
-from hoprl.clients.http import ServiceClient, ServiceError
+from hoprl.clients.http import ServiceClient, ServiceError, client_options
 from hoprl.clients.http import check as _check
 from hoprl.schemas import Question
 
@@ -138,7 +138,7 @@ class AsyncPolicyClient:
         self, base_url: str, admin_token: str | None = None, timeout: float = 300.0, **kwargs: Any
     ) -> None:
         self.admin_token = admin_token
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **kwargs)
+        self.http = httpx.AsyncClient(base_url=base_url, **client_options(timeout, kwargs))
 
     async def answer(
         self,

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from hoprl.clients.http import ServiceClient
+from hoprl.clients.http import ServiceClient, client_options
 from hoprl.clients.http import check as _check
 from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchMode, SearchResponse
 
@@ -50,7 +50,7 @@ class AsyncRetrieverClient:
     """Async client for the agent loop: ``await client.search(collection, queries)``."""
 
     def __init__(self, base_url: str, timeout: float = 60.0, **kwargs: Any) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **kwargs)
+        self.http = httpx.AsyncClient(base_url=base_url, **client_options(timeout, kwargs))
 
     async def search(
         self,
