@@ -6,7 +6,8 @@
         --model runs/<run>/jobs/<sft job>/checkpoint-24
     # 2. SFT warm start, then GRPO with when-to-search on the synthetic world; dev EM and
     #    retrieval count for SFT-only and for SFT+GRPO at the end of stage 1 and of stage 2
-    python bench/train.py when-to-search --sft-steps 300 --grpo-steps 200 --switch-step 100 --dev 150
+    python bench/train.py when-to-search --dataset synthetic:0:2 --sft-steps 300 --grpo-steps 200 \
+        --switch-step 100 --dev 150        (--sft-job JOB reuses an SFT job of the same --out)
     # 3. SFT warm start, then GRPO with arena on real data; EM/F1 on a fixed hotpotqa_dev sample
     python bench/train.py arena --train ../shared/data/hotpotqa_train.jsonl \
         --dev ../shared/data/hotpotqa_dev.jsonl --sft-steps 300 --grpo-steps 100 --dev-n 150
