@@ -117,6 +117,11 @@ def test_episodes_from(env: Env, ppo_run: str, tiny_model: str,
     for step, origin in ((1, 1), (2, 2), (3, 1)):
         assert [r.trajectory for r in registry.episodes(run_id, step=step)] == source[origin]
     assert "rollout_s" not in registry.latest_metrics(run_id)  # nothing was generated
-    assert changed(tiny_model, registry.checkpoints(run_id)[-1].path)
+    # Pairs are built deterministically from the stored episodes: step 3 reuses step 1's. How
+    # many there are depends on the PPO run's sampled episodes (a group whose samples all read as
+    # the same action gives none), so the weights must move exactly when some pair was found.
+    pairs = [v for _, v in registry.metric_series(run_id, "pairs")]
+    assert len(pairs) == 3 and pairs[2] == pairs[0]
+    assert changed(tiny_model, registry.checkpoints(run_id)[-1].path) == (sum(pairs) > 0)
     with pytest.raises(ValueError, match="not a run"):
         run(env, tiny_model, collection, "ppo", steps=1, episodes_from="job-missing")
