@@ -68,6 +68,10 @@ class TextEncoder:
         """Cosine similarity matrix between two lists of texts."""
         return self.encode(a) @ self.encode(b).T
 
+    def threads(self, n: int) -> contextlib.AbstractContextManager[None]:
+        """A block run with ``n`` encoder threads; the ONNX sessions fix theirs when created."""
+        return contextlib.nullcontext()
+
     def _tokens(self, texts: list[str], tensors: str) -> Any:
         return self.tokenizer(
             texts, padding=True, truncation=True, max_length=self.max_length, return_tensors=tensors
@@ -109,6 +113,9 @@ class Embedder(TextEncoder):
         self.bf16 = _bf16_supported() if bf16 is None else bf16
         self.dim = int(self.model.config.hidden_size)
 
+    def threads(self, n: int) -> contextlib.AbstractContextManager[None]:
+        return torch_threads(n)
+
     def _forward(self, texts: list[str], total: int) -> np.ndarray:
         batch = self._tokens(texts, "pt")
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
@@ -148,7 +155,7 @@ def load_embedder(
 ) -> TextEncoder:
     """An embedder on ``backend``: torch (bf16 autocast where the CPU has it), or ONNX Runtime in
     float32 or with int8 weights (:mod:`hoprl.onnx_embedding`). ``threads`` and ``query_threads``
-    size ONNX Runtime's sessions; the torch embedder leaves threads to :func:`torch_threads`."""
+    size ONNX Runtime's sessions; the torch embedder switches per block (:meth:`TextEncoder.threads`)."""
     if backend == "torch":
         return Embedder(model, max_length=max_length, batch_size=batch_size)
     from hoprl.onnx_embedding import OnnxEmbedder

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from hoprl.embedding import TextEncoder, load_embedder, torch_threads
+from hoprl.embedding import TextEncoder, load_embedder
 from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchRequest, SearchResponse
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sparse import Bm25, mean_length
@@ -125,7 +125,7 @@ class HybridIndex:
         start = time.perf_counter()
         self.create(name, documents)
         text_bm25, title_bm25 = self._bm25(name)
-        with torch_threads(self.settings.torch_threads):
+        with self.embedder.threads(self.settings.torch_threads):
             dense = self.embedder.encode([dense_text(d) for d in documents])
         points = [
             PointIn(
@@ -182,7 +182,7 @@ class HybridIndex:
     def _dense(self, request: SearchRequest) -> list[list[float] | None]:
         if request.mode == "sparse":
             return [None] * len(request.queries)
-        with torch_threads(self.settings.search_threads):
+        with self.embedder.threads(self.settings.search_threads):
             return [v.tolist() for v in self.embedder.encode(request.queries)]
 
 
