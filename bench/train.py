@@ -218,9 +218,10 @@ def main() -> None:
     p.add_argument("--dev-n", type=int, default=20, help="arena: dev questions (a fixed sample)")
     p.add_argument("--train", default="../shared/data/hotpotqa_train.jsonl")
     p.add_argument("--dev-file", default="../shared/data/hotpotqa_dev.jsonl", help="arena: dev questions")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for training (1 when two benchmarks share 2 cores)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     retriever = RetrieverSettings(storage_path=args.out / "qdrant")
     start = time.perf_counter()
@@ -228,7 +229,7 @@ def main() -> None:
         LocalServer(create_app(retriever)) as server,
         Registry(f"sqlite:///{args.out / 'registry.db'}") as reg,
     ):
-        settings = TrainerSettings(runs_dir=args.out / "runs", retriever_url=server.url)
+        settings = TrainerSettings(runs_dir=args.out / "runs", retriever_url=server.url, torch_threads=args.threads)
         result = COMMANDS[args.command](args, reg, settings)
     result["wall_s"] = round(time.perf_counter() - start, 1)
     result["threads"] = torch.get_num_threads()
