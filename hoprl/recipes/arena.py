@@ -38,7 +38,6 @@ from hoprl.recipes.baselines import (
     format_docs,
     generated_texts,
     gold_answers,
-    hop_fact,
 )
 from hoprl.schemas import Paragraph, Question
 
@@ -91,6 +90,25 @@ def relevance_match(predicted: set[int], gold: set[int]) -> str:
     if predicted and predicted == gold:
         return "full"
     return "partial" if predicted & gold else "none"
+
+
+def expert_analysis(question: Question) -> str:
+    """The expert's ``<analysis>``: each gold hop in chain order, by its reference number.
+
+    A hop with a known fact states it (``[4] Acme: the founded by is Jane Roe.``); a real
+    benchmark's bridge hop, whose intermediate answer is unknown, is named only
+    (``[3] is about Dear Brother.``), and its last hop gives the gold answer.
+    """
+    position = {p.title: i for i, p in enumerate(question.paragraphs, 1)}
+    parts = []
+    for hop in hops_for(question):
+        ref = f"[{position[hop.title]}]" if hop.title in position else hop.title
+        if hop.answer is None:
+            parts.append(f"{ref} is about {hop.title}.")
+        else:
+            what = hop.relation.replace("_", " ") if hop.relation else "answer"
+            parts.append(f"{ref} {hop.title}: the {what} is {hop.answer}.")
+    return " ".join(parts) or "The references state the answer."
 
 
 def make_arena_rewards(config: ArenaConfig | None = None) -> list[RewardFunc]:
@@ -183,7 +201,7 @@ class Arena:
         others = sorted(set(range(1, len(question.paragraphs) + 1)) - refs)
         if others and rng.random() < noise:
             refs = refs | {rng.choice(others)}
-        analysis = " ".join(hop_fact(h) for h in hops_for(question)) or "The references state the answer."
+        analysis = expert_analysis(question)
         ref_list = "[" + ",".join(str(i) for i in sorted(refs)) + "]"
         answer = expert_answer(question)
         return [

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hoprl.agent.trajectory import Episode, Step
+from hoprl.data.synthetic import Hop, SyntheticQuestion
 from hoprl.recipes import get_recipe
-from hoprl.recipes.arena import Arena, make_arena_reward
+from hoprl.recipes.arena import Arena, expert_analysis, make_arena_reward
 from hoprl.schemas import Paragraph, Question
 
 PARAGRAPHS = [
@@ -87,3 +88,22 @@ def test_messages_number_the_question_paragraphs_and_expert_is_perfect() -> None
     assert make_arena_reward()([""], [expert], answers=[GOLD], paragraphs=[PARAGRAPHS]) == [13.0]
     noisy = recipe.expert(q, noise=1.0, seed=0)
     assert make_arena_reward()([""], [noisy], answers=[GOLD], paragraphs=[PARAGRAPHS]) == [2.5]
+
+
+def test_expert_analysis_cites_each_hop_by_number() -> None:
+    paragraphs = [
+        Paragraph(title="Dear Brother", text="A song recorded by Hank Williams and Audrey.", is_gold=True),
+        Paragraph(title="Other", text="Unrelated."),
+        Paragraph(title="Hank Williams Jr.", text="Randall Hank Williams, born 1949.", is_gold=True),
+    ]
+    q = Question(id="q", dataset="hotpotqa", split="dev", question="Who was on Dear Brother?",
+                 answers=["Randall Hank Williams"], paragraphs=paragraphs)  # fmt: skip
+    # the paragraph the question names comes first; the one holding the answer last, with it
+    assert expert_analysis(q) == (
+        "[1] is about Dear Brother. [3] Hank Williams Jr.: the answer is Randall Hank Williams."
+    )
+    hops = [Hop(title="T2", relation="founded_by", query="T2 founder", answer="Ann"),
+            Hop(title="T4", relation="born_in", query="Ann born", answer="Paris")]  # fmt: skip
+    synthetic = SyntheticQuestion(id="s", dataset="synthetic", split="dev", question="Where?",
+                                  answers=GOLD, paragraphs=PARAGRAPHS, hops=hops)  # fmt: skip
+    assert expert_analysis(synthetic) == "[2] T2: the founded by is Ann. [4] T4: the born in is Paris."
