@@ -45,7 +45,10 @@ class Hop(BaseModel):
     title: str = Field(description="title of the paragraph that states this hop's fact")
     relation: str = Field(description="relation or attribute read here, e.g. 'founded_by'; '' if unknown")
     query: str = Field(description="a good search query for this hop's paragraph")
-    answer: str | None = Field(description="the intermediate answer; None when the fact is absent")
+    answer: str | None = Field(
+        description="the intermediate answer; None when the fact is absent (synthetic, withheld) or "
+        "unknown (a real benchmark's bridge hop, whose relation is '')"
+    )
 
 
 class SyntheticQuestion(Question):

@@ -107,7 +107,7 @@ def expert_analysis(question: Question) -> str:
             parts.append(f"{ref} is about {hop.title}.")
         else:
             what = hop.relation.replace("_", " ") if hop.relation else "answer"
-            parts.append(f"{ref} {hop.title}: the {what} is {hop.answer}.")
+            parts.append(f"{ref} {hop.title}: the {what} is {hop.answer.rstrip('.')}.")
     return " ".join(parts) or "The references state the answer."
 
 

@@ -214,11 +214,18 @@ def expert_plan(question: Question, noise: float, seed: int) -> list[tuple[str, 
 
 
 def hop_fact(hop: Hop | None) -> str:
-    """One sentence stating what a hop's evidence gave (used in think/evaluate/reflect text)."""
+    """One sentence stating what a hop's evidence gave (used in think/evaluate/reflect text).
+
+    No hop (a wrong search) or a known relation without an answer (a synthetic fact that was
+    withheld) gave nothing. A real benchmark's bridge hop has neither relation nor intermediate
+    answer (:func:`hoprl.data.synthetic.hops_for`): its page is the lead, not a dead end.
+    """
+    if hop is not None and hop.answer is None and not hop.relation:
+        return f"{hop.title} is relevant to the question."
     if hop is None or hop.answer is None:
         return "These results do not give what I need."
     what = hop.relation.replace("_", " ") if hop.relation else "fact I need"
-    return f"From {hop.title}: the {what} is {hop.answer}."
+    return f"From {hop.title}: the {what} is {hop.answer.rstrip('.')}."
 
 
 class SearchR1:

@@ -5,9 +5,9 @@ from typing import Any
 import pytest
 
 from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
-from hoprl.data.synthetic import SyntheticQuestion, generate, hops_for
+from hoprl.data.synthetic import Hop, SyntheticQuestion, generate, hops_for
 from hoprl.recipes import RECIPES, get_recipe
-from hoprl.recipes.baselines import NaiveRAG, SearchR1, exact_match_reward, format_docs
+from hoprl.recipes.baselines import NaiveRAG, SearchR1, exact_match_reward, format_docs, hop_fact
 
 TAG_RECIPES = ["search-r1", "eval-rar", "when-to-search"]
 
@@ -142,3 +142,15 @@ def test_expert_steps_make_a_valid_episode(questions: list[Any]) -> None:
         final_answer=SearchR1().parse(segments[-1]).answer,
     )
     assert exact_match_reward([""], [""], episodes=[ep]) == [1.0]
+
+
+def test_hop_fact_tells_a_dead_end_from_a_real_data_lead() -> None:
+    assert hop_fact(None) == "These results do not give what I need."  # a wrong search
+    withheld = Hop(title="Ann", relation="born_in", query="Ann born", answer=None)
+    assert hop_fact(withheld) == "These results do not give what I need."  # synthetic, unanswerable
+    lead = Hop(title="Dear Brother", relation="", query="Dear Brother", answer=None)
+    assert hop_fact(lead) == "Dear Brother is relevant to the question."  # real data, bridge hop
+    last = Hop(title="Hank Williams Jr.", relation="", query="Hank Williams Jr.", answer="Hank Jr.")
+    assert hop_fact(last) == "From Hank Williams Jr.: the fact I need is Hank Jr."
+    born = Hop(title="Ann", relation="born_in", query="Ann born", answer="Paris")
+    assert hop_fact(born) == "From Ann: the born in is Paris."
