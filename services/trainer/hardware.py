@@ -1,7 +1,8 @@
 """Accelerator settings every TRL config of the trainer shares (SFT, GRPO, DPO).
 
-bf16 mixed precision follows CUDA: on this project's CPUs (AVX512-BF16, no AMX) autocast made a
-SmolLM2-135M forward + backward slower, not faster (26 s against 17-20 s for 4 x 720 tokens).
+bf16 mixed precision follows CUDA: on the 2-core CPU where it was measured (AVX512-BF16, no AMX)
+autocast made a SmolLM2-135M forward + backward slower, not faster (26 s against 17-20 s for
+4 x 720 tokens). Not re-measured on CPUs with AMX.
 Activation checkpointing stays at TRL's default (on) on CPU too: without it a GRPO step of 8
 multi-turn episodes held 16 GB, too much next to the other services on a 24 GB machine.
 """
