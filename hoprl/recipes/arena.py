@@ -38,6 +38,7 @@ from hoprl.recipes.baselines import (
     format_docs,
     generated_texts,
     gold_answers,
+    hop_statement,
 )
 from hoprl.schemas import Paragraph, Question
 
@@ -106,8 +107,7 @@ def expert_analysis(question: Question) -> str:
         if hop.answer is None:
             parts.append(f"{ref} is about {hop.title}.")
         else:
-            what = hop.relation.replace("_", " ") if hop.relation else "answer"
-            parts.append(f"{ref} {hop.title}: the {what} is {hop.answer.rstrip('.')}.")
+            parts.append(f"{ref} {hop_statement(hop, 'answer')}")
     return " ".join(parts) or "The references state the answer."
 
 

@@ -220,12 +220,18 @@ def hop_fact(hop: Hop | None) -> str:
     withheld) gave nothing. A real benchmark's bridge hop has neither relation nor intermediate
     answer (:func:`hoprl.data.synthetic.hops_for`): its page is the lead, not a dead end.
     """
-    if hop is not None and hop.answer is None and not hop.relation:
-        return f"{hop.title} is relevant to the question."
-    if hop is None or hop.answer is None:
+    if hop is None or (hop.answer is None and hop.relation):
         return "These results do not give what I need."
-    what = hop.relation.replace("_", " ") if hop.relation else "fact I need"
-    return f"From {hop.title}: the {what} is {hop.answer.rstrip('.')}."
+    if hop.answer is None:
+        return f"{hop.title} is relevant to the question."
+    return f"From {hop_statement(hop, 'fact I need')}"
+
+
+def hop_statement(hop: Hop, unnamed: str) -> str:
+    """``"<title>: the <relation> is <answer>."`` for a hop with an answer; ``unnamed`` stands in
+    for an unknown relation."""
+    what = hop.relation.replace("_", " ") if hop.relation else unnamed
+    return f"{hop.title}: the {what} is {(hop.answer or '').rstrip('.')}."
 
 
 class SearchR1:
