@@ -5,7 +5,8 @@
 Indexes the world's train + dev paragraphs in an embedded retriever (the default settings) and
 counts, over the first ``--n`` dev questions with two gold hops, how often the top ``--k`` hits
 hold the second hop's paragraph when the query is the first hop's gold query (the SFT expert's
-first search), and hold both hops' paragraphs when the query is the question itself.
+first search), and hold both hops' paragraphs when the query is the question itself or its
+keywords (:func:`~hoprl.recipes.when_to_search.keyword_query`, the adaptive expert's first search).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 from hoprl.data.corpus import pool
 from hoprl.data.sources import load
 from hoprl.data.synthetic import hops_for
+from hoprl.recipes.when_to_search import keyword_query
 from hoprl.schemas import SearchRequest
 from services.retriever.index import HybridIndex
 from services.retriever.settings import RetrieverSettings
@@ -38,7 +40,7 @@ def main() -> None:
             hits = index.search(SearchRequest(collection="world", queries=[query], top_k=args.k))
             return {h.title for h in hits.results[0]}
 
-        n = after_first_hop = with_question = 0
+        n = after_first_hop = with_question = with_keywords = 0
         for q in dev:
             hops = hops_for(q)
             if len(hops) != 2:
@@ -46,12 +48,14 @@ def main() -> None:
             n += 1
             after_first_hop += hops[1].title in titles(hops[0].query)
             with_question += {hops[0].title, hops[1].title} <= titles(q.question)
+            with_keywords += {hops[0].title, hops[1].title} <= titles(keyword_query(q.question))
             if n == args.n:
                 break
         index.close()
     print(f"{n} two-hop dev questions, top {args.k}:")
     print(f"  first-hop query finds the second hop's paragraph: {after_first_hop}")
     print(f"  the question as the query finds both paragraphs:  {with_question}")
+    print(f"  its keywords as the query find both paragraphs:   {with_keywords}")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def step_time(args: argparse.Namespace, registry: Registry, settings: TrainerSet
 
 
 def when_to_search(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
-    cfg = {"switch_step": args.switch_step}
+    cfg: dict[str, Any] = {"switch_step": args.switch_step, "expert": args.expert}
     common = {"max_turns": args.turns, "max_new_tokens_per_step": args.tokens, "recipe_config": cfg}
     sft = JobRequest(
         recipe="when-to-search",
@@ -131,6 +131,13 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         sft_id, sft_path = args.sft_job, checkpoint_of(registry, args.sft_job)
     else:
         sft_id, sft_path = train(registry, settings, sft)
+    full_dev = load(args.dataset, "dev")
+    dev = full_dev[: args.dev]
+    collection = ensure_collection(sft, load(args.dataset, "train") + full_dev, settings)
+    url = settings.retriever_url
+    if args.grpo_steps == 0:  # the warm start alone
+        ev = evaluate(sft_path, "when-to-search", dev, url, collection, cfg, args.turns, args.tokens)
+        return {"sft_job": sft_id, "table": [summary("sft", ev)]}
     hp = Hyperparameters(
         questions_per_step=args.questions,
         num_generations=args.generations,
@@ -142,13 +149,9 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
     grpo = JobRequest(recipe="when-to-search", objective=args.objective, model=sft_id, dataset=args.dataset,
                       steps=args.grpo_steps, hyperparameters=hp)  # fmt: skip
     grpo_id, _ = train(registry, settings, grpo)
-    full_dev = load(args.dataset, "dev")
-    dev = full_dev[: args.dev]
-    collection = ensure_collection(grpo, load(args.dataset, "train") + full_dev, settings)
     stage1 = next((c.path for c in registry.checkpoints(grpo_id) if c.step == args.switch_step), None)
     final = registry.latest_checkpoint(grpo_id).path  # type: ignore[union-attr]
     models = (("sft", sft_path), ("grpo_stage1", stage1), ("grpo_stage2", final))
-    url = settings.retriever_url
     ev = {
         name: evaluate(p, "when-to-search", dev, url, collection, cfg, args.turns, args.tokens)
         for name, p in models
@@ -229,6 +232,12 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (unset: the trainer default)")
     p.add_argument("--sft-questions", type=int, default=4, help="SFT episodes per step")
     p.add_argument("--sft-job", default=None, help="when-to-search: reuse this SFT job of the --out registry")
+    p.add_argument(
+        "--expert",
+        default="hops",
+        choices=["hops", "adaptive"],
+        help="when-to-search: the SFT expert (adaptive: keywords first, then only missing hops)",
+    )
     p.add_argument("--sft-steps", type=int, default=20)
     p.add_argument("--grpo-steps", type=int, default=4)
     p.add_argument("--switch-step", type=int, default=2, help="when-to-search: stage 1 -> 2 at this step")

@@ -213,6 +213,20 @@ def expert_plan(question: Question, noise: float, seed: int) -> list[tuple[str, 
     return plan
 
 
+def expert_search(query: str, hop: Hop | None) -> str:
+    """The expert's think + search block for one planned search."""
+    need = f"I should look up {query}."
+    if hop and hop.relation:
+        need = f"I need the {hop.relation.replace('_', ' ')} of {hop.title}."
+    return f"<think>{need}</think>\n<search>{query}</search>"
+
+
+def expert_final(question: Question) -> str:
+    """The expert's closing think + answer block."""
+    answer = expert_answer(question)
+    return f"<think>The evidence gives the answer: {answer}.</think>\n<answer>{answer}</answer>"
+
+
 def hop_fact(hop: Hop | None) -> str:
     """One sentence stating what a hop's evidence gave (used in think/evaluate/reflect text).
 
@@ -277,14 +291,9 @@ class SearchR1:
         plan = expert_plan(question, noise, seed)
         segments, previous = [], None
         for i, (query, hop) in enumerate(plan):
-            need = f"I should look up {query}."
-            if hop and hop.relation:
-                need = f"I need the {hop.relation.replace('_', ' ')} of {hop.title}."
-            segments.append(self._review(previous, i) + f"<think>{need}</think>\n<search>{query}</search>")
+            segments.append(self._review(previous, i) + expert_search(query, hop))
             previous = hop
-        answer = expert_answer(question)
-        final = f"<think>The evidence gives the answer: {answer}.</think>\n<answer>{answer}</answer>"
-        segments.append(self._review(previous, len(plan)) + final)
+        segments.append(self._review(previous, len(plan)) + expert_final(question))
         return segments
 
     def expert(self, question: Question, noise: float = 0.0, seed: int = 0) -> str:

@@ -19,6 +19,15 @@ Protocol: ``<think>`` ... ``<search>keywords</search>``, the injected ``<informa
 ``concise_max_words`` words (6) and is not phrased as a question: it does not end with ``?`` and
 does not start with a question word (``question_words``).
 
+The SFT expert (``expert``): ``"hops"`` (the default) is the Search-R1 script, one search per
+gold hop whatever the results hold, so a warm-started policy always searches once per hop.
+``"adaptive"`` first searches the question's keywords (:func:`keyword_query`), reads what came
+back and searches a hop's own query only for gold paragraphs still missing: it answers after one
+search when that search found every hop, which gives the policy examples of *not* searching
+again. It runs through :meth:`WhenToSearch.expert_reader` (the SFT path hands it each turn's
+conversation), not :meth:`~hoprl.recipes.baselines.SearchR1.expert_segments`, which cannot see
+the results.
+
 The stage comes from :class:`Curriculum`, which the trainer updates between segments; the r_a
 reward reads the recipe's curriculum at call time.
 """
@@ -27,16 +36,27 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from hoprl.agent.parsing import outside_text, parse_tags
 from hoprl.agent.trajectory import Episode
+from hoprl.data.synthetic import hops_for
 from hoprl.metrics.answer import containment, exact_match
 from hoprl.recipes.base import RewardFunc, versioned
-from hoprl.recipes.baselines import SearchR1, SearchR1Config, final_answers, generated_texts, gold_answers
+from hoprl.recipes.baselines import (
+    SearchR1,
+    SearchR1Config,
+    expert_final,
+    expert_search,
+    final_answers,
+    generated_texts,
+    gold_answers,
+    hop_fact,
+)
+from hoprl.schemas import Question
 
 TAGS = ["think", "search", "reflect", "answer", "information"]
 _SEQUENCE = re.compile(r"think( search reflect( think)?)* answer")
@@ -64,6 +84,9 @@ QUESTION_WORDS = (
     "would",
     "will",
 )
+
+#: words a keyword query leaves out besides the question words
+FUNCTION_WORDS = ("the", "a", "an", "of", "that", "in", "on", "to", "for", "by", "with", "and", "or", "has")
 
 WHEN_TO_SEARCH_PROMPT = (
     "Answer the question. Think inside <think> and </think>. Search only when you lack knowledge: "
@@ -129,6 +152,7 @@ class WhenToSearchConfig(SearchR1Config):
     concise_max_words: int = 6
     question_words: tuple[str, ...] = QUESTION_WORDS
     correct_metric: Literal["em", "containment"] = "em"
+    expert: Literal["hops", "adaptive"] = "hops"
     curriculum: Literal["steps", "plateau"] = "steps"
     switch_step: int = 100
     ema_decay: float = 0.9
@@ -142,6 +166,17 @@ def is_concise(query: str, max_words: int = 6, question_words: Sequence[str] = Q
     if not words or len(words) > max_words or query.rstrip().endswith("?"):
         return False
     return words[0].lower().strip("\"'(") not in question_words
+
+
+def keyword_query(question: str, max_words: int = 6, question_words: Sequence[str] = QUESTION_WORDS) -> str:
+    """The question as a concise query: its words without question and function words, and, while
+    still longer than ``max_words``, without its first lower-case word (names are kept longest)."""
+    drop = {*question_words, *FUNCTION_WORDS}
+    words = [w for w in re.findall(r"[\w'-]+", question) if w.lower() not in drop]
+    while len(words) > max_words:
+        lower = next((i for i, w in enumerate(words) if w[0].islower()), 0)
+        del words[lower]
+    return " ".join(words)
 
 
 def well_formed(text: str) -> bool:
@@ -199,6 +234,37 @@ class WhenToSearch(SearchR1):
             eps=c.plateau_eps,
             patience=c.plateau_patience,
         )
+
+    def expert_reader(self, question: Question) -> Callable[[list[dict[str, str]]], str] | None:
+        """The ``"adaptive"`` expert as a function of the conversation so far (see the module
+        docstring); ``None`` for the scripted ``"hops"`` expert.
+
+        First turn: search the question's keywords. Each later turn: reflect on the gold hops
+        the last results added, then search the first gold hop not yet seen in any results (its
+        own query, once), else answer.
+        """
+        if self.config.expert != "adaptive":
+            return None
+        cfg, hops = self.config, hops_for(question)
+        first = keyword_query(question.question, cfg.concise_max_words, cfg.question_words)
+
+        def reply(messages: list[dict[str, str]]) -> str:
+            results = [m["content"] for m in messages[2:] if m["role"] == "user"]
+            if not results:
+                return expert_search(first, None)
+            asked = [m["content"] for m in messages if m["role"] == "assistant"]
+            searched = {q for text in asked for q in parse_tags(text, TAGS).contents("search")}
+
+            def found(hop_title: str, texts: list[str]) -> bool:
+                return any(f"] {hop_title}: " in t for t in texts)
+
+            new = [h for h in hops if found(h.title, results[-1:]) and not found(h.title, results[:-1])]
+            reflect = " ".join(hop_fact(h) for h in new) or hop_fact(None)
+            missing = [h for h in hops if not found(h.title, results) and h.query not in searched]
+            action = expert_search(missing[0].query, missing[0]) if missing else expert_final(question)
+            return f"<reflect>{reflect}</reflect>\n{action}"
+
+        return reply
 
     def reward_funcs(self) -> list[RewardFunc]:
         """``[r_f, r_s, r_a]``: TRL sums them into r and logs each; r_a reads the current stage."""

@@ -5,7 +5,8 @@ sample, so GRPO has nothing to learn from; a few hundred steps of supervised fin
 recipe's expert trajectories fix that.
 
 The expert data goes through the **same path as an RL rollout**: :class:`ExpertChat` replays the
-recipe's ``expert_segments(question)`` as the "model" of the episode runner, which runs them
+recipe's ``expert_segments(question)`` (or asks its ``expert_reader(question)``, an expert that
+reads the results, where the recipe has one) as the "model" of the episode runner, which runs them
 against the real retriever (so the injected ``<information>`` is what the policy will see at RL
 time) and records an :class:`~hoprl.agent.trajectory.Episode`;
 :func:`~hoprl.agent.tokens.to_token_trajectory` turns it into token ids and the policy mask.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from datasets import Dataset
@@ -37,14 +38,19 @@ log = logging.getLogger("hoprl.trainer")
 
 
 class ExpertChat:
-    """A ``ChatModel`` that answers with the next scripted expert segment (stop text included)."""
+    """A ``ChatModel`` that answers with the next scripted expert segment (stop text included), or
+    with what an adaptive expert (a function of the conversation so far) writes."""
 
-    def __init__(self, segments: Sequence[str]) -> None:
-        self.segments = list(segments)
+    def __init__(self, script: Sequence[str] | Callable[[list[dict[str, str]]], str]) -> None:
+        self.reader = script if callable(script) else None
+        self.segments = [] if callable(script) else list(script)
 
     async def chat(self, messages: list[dict[str, str]], **_: Any) -> list[Completion]:
-        turn = sum(1 for m in messages if m["role"] == "assistant")
-        text = self.segments[min(turn, len(self.segments) - 1)]
+        if self.reader is not None:
+            text = self.reader(messages)
+        else:
+            turn = sum(1 for m in messages if m["role"] == "assistant")
+            text = self.segments[min(turn, len(self.segments) - 1)]
         usage = {"prompt_tokens": 0, "completion_tokens": len(text.split())}
         return [Completion(text, "stop", None, None, usage)]
 
@@ -58,7 +64,9 @@ async def expert_episodes(
     retriever = AsyncRetrieverClient(retriever_url)
 
     async def one(i: int, q: Question) -> Episode:
-        chat = ExpertChat(recipe.expert_segments(q, noise=noise, seed=seed + i))
+        # A recipe's adaptive expert reads the results (when-to-search's expert="adaptive").
+        reader = getattr(recipe, "expert_reader", lambda _: None)(q)
+        chat = ExpertChat(reader or recipe.expert_segments(q, noise=noise, seed=seed + i))
         async with semaphore:
             return await run_episode(recipe, q, chat, retriever, collection, max_steps=20,
                                      token_budget=1 << 20, max_new_tokens_per_step=1 << 16)  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 from hoprl.agent.trajectory import Episode, Step
 from hoprl.embedding import get_embedder
 from hoprl.recipes import get_recipe
-from hoprl.recipes.when_to_search import Curriculum, WhenToSearch, is_concise, well_formed
+from hoprl.recipes.when_to_search import Curriculum, WhenToSearch, is_concise, keyword_query, well_formed
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme: founded by Jane Roe.\n</information>"
@@ -165,6 +165,68 @@ def test_expert_is_well_formed() -> None:
 
     q = next(q for q in generate(seed=3, n_entities=80, n_train=12, n_dev=0, n_test=0)["train"] if q.answers)
     assert well_formed(WhenToSearch().expert(q))
+
+
+@pytest.mark.parametrize(
+    ("question", "query"),
+    [
+        ("What is the capital of the country that contains Drubul?", "capital country contains Drubul"),
+        ("Which river is longer, Drungi River or Drunke River?", "river longer Drungi River Drunke River"),
+        ("Which company was founded first, Acme Corp or Beta Ltd?", "founded first Acme Corp Beta Ltd"),
+        ("Who directed the film that Jane Roe starred in?", "directed film Jane Roe starred"),
+    ],
+)
+def test_keyword_query_is_concise_and_keeps_the_names(question: str, query: str) -> None:
+    assert keyword_query(question) == query
+    assert is_concise(query)
+
+
+def turn(text: str, *titles: str) -> list[dict[str, str]]:
+    """An assistant turn and the information that answered it (one short paragraph per title)."""
+    docs = "\n".join(f"[{i}] {t}: text." for i, t in enumerate(titles, 1))
+    return [
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": f"<information>\n{docs}\n</information>"},
+    ]
+
+
+def test_adaptive_expert_searches_only_for_what_the_results_lack() -> None:
+    from hoprl.data.synthetic import generate, hops_for
+
+    world = generate(seed=3, n_entities=80, n_train=40, n_dev=0, n_test=0, max_hops=2)["train"]
+    q = next(q for q in world if q.answers and len(hops_for(q)) == 2)
+    first, second = hops_for(q)
+    answer = f"<answer>{q.answers[0]}</answer>"
+    recipe = WhenToSearch(expert="adaptive")
+    assert WhenToSearch().expert_reader(q) is None  # the scripted default
+    reader = recipe.expert_reader(q)
+    assert reader is not None
+    start = recipe.messages(q)
+    opening = reader(start)
+    keywords = keyword_query(q.question)
+    assert opening == f"<think>I should look up {keywords}.</think>\n<search>{keywords}</search>"
+
+    # The keyword search found both gold paragraphs: reflect on both, then answer.
+    text = reader(start + turn(opening, first.title, "Other", second.title))
+    assert text.startswith(f"<reflect>From {first.title}:") and f"From {second.title}:" in text
+    assert text.endswith(answer) and well_formed(opening + text)
+
+    # It found only the first: search the second hop's own query, then answer.
+    only_first = start + turn(opening, first.title, "Other")
+    text = reader(only_first)
+    assert text.endswith(f"<search>{second.query}</search>") and f"From {first.title}:" in text
+    final = reader(only_first + turn(text, second.title))
+    assert final.startswith(f"<reflect>From {second.title}:") and final.endswith(answer)
+
+    # Nothing found, and a hop's own query fails too: each hop is searched once, then it answers.
+    nothing = start + turn(opening, "Other")
+    text = reader(nothing)
+    assert text.startswith("<reflect>These results do not give what I need.</reflect>")
+    assert text.endswith(f"<search>{first.query}</search>")
+    nothing += turn(text, "Other")
+    text = reader(nothing)
+    assert text.endswith(f"<search>{second.query}</search>")
+    assert reader(nothing + turn(text, "Other")).endswith(answer)
 
 
 def test_curriculum_by_step_count() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.recipes import get_recipe
+from hoprl.recipes.when_to_search import keyword_query
 from hoprl.schemas import Question
 from services.trainer.protocol import Hyperparameters
 from services.trainer.sft import build_sft, expert_episodes, sft_config, sft_dataset
@@ -24,6 +25,26 @@ def test_expert_episodes_are_real_rollouts(retriever_url: str, collection: str,
     )
     rewards = recipe.reward_funcs()[0](prompts=[], completions=[], episodes=episodes)
     assert rewards == [1.0] * 4  # the expert's text is well formed
+
+
+def test_adaptive_expert_episodes_search_less(retriever_url: str, collection: str,
+                                              synthetic: dict[str, list[Question]]) -> None:  # fmt: skip
+    """The adaptive expert, on the live retriever: keywords first, then only the hops still missing.
+    Every episode is well formed and answered; at most one search more than the scripted expert
+    per question, and fewer searches in all."""
+    questions = [q for q in synthetic["train"] if q.answers]
+    recipe = get_recipe("when-to-search", expert="adaptive")
+    scripted, adaptive = (
+        asyncio.run(expert_episodes(r, questions, retriever_url, collection))
+        for r in (get_recipe("when-to-search"), recipe)
+    )
+    pairs = list(zip(adaptive, questions, strict=True))
+    assert all(e.outcome == "answer" and e.final_answer == q.answers[0] for e, q in pairs)
+    assert recipe.reward_funcs()[0](prompts=[], completions=[], episodes=adaptive) == [1.0] * len(questions)
+    counts = [(a.retrieval_count, s.retrieval_count) for a, s in zip(adaptive, scripted, strict=True)]
+    assert all(a <= s + 1 for a, s in counts)  # the keyword search is at most one extra
+    assert sum(a for a, _ in counts) < sum(s for _, s in counts)  # and it often makes the rest unneeded
+    assert all(e.queries[0] == keyword_query(q.question) for e, q in pairs)
 
 
 def test_sft_lowers_loss(tiny_model: str, retriever_url: str, collection: str,
