@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -89,6 +90,20 @@ def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_u
             "retrievals": sum(rc) / len(rc)}  # fmt: skip
 
 
+def evaluate_once(out: Path, path: str, recipe: str, questions: list[Question], *rest: Any) -> dict[str, Any]:
+    """:func:`evaluate` (``rest``: its arguments after ``questions``), kept under ``<out>/evals``:
+    greedy decoding gives a checkpoint the same scores on the same questions and settings, so
+    campaigns sharing an SFT job evaluate it once."""
+    key = json.dumps([path, recipe, [q.id for q in questions], *rest[2:]])  # not the URL or collection
+    cache = out / "evals" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+    if cache.exists():
+        return dict(json.loads(cache.read_text()))
+    scores = evaluate(path, recipe, questions, *rest)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(scores))
+    return scores
+
+
 def summary(name: str, scores: dict[str, Any]) -> dict[str, Any]:
     return {"model": name, "EM": round(scores["EM"], 1), "F1": round(scores["F1"], 1),
             "retrievals": round(scores["retrievals"], 2)}  # fmt: skip
@@ -135,9 +150,13 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
     dev = full_dev[: args.dev]
     collection = ensure_collection(sft, load(args.dataset, "train") + full_dev, settings)
     url = settings.retriever_url
+
+    def score(path: str) -> dict[str, Any]:
+        rest = (url, collection, cfg, args.turns, args.tokens)
+        return evaluate_once(args.out, path, "when-to-search", dev, *rest)
+
     if args.grpo_steps == 0:  # the warm start alone
-        ev = evaluate(sft_path, "when-to-search", dev, url, collection, cfg, args.turns, args.tokens)
-        return {"sft_job": sft_id, "table": [summary("sft", ev)]}
+        return {"sft_job": sft_id, "table": [summary("sft", score(sft_path))]}
     hp = Hyperparameters(
         questions_per_step=args.questions,
         num_generations=args.generations,
@@ -152,11 +171,7 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
     stage1 = next((c.path for c in registry.checkpoints(grpo_id) if c.step == args.switch_step), None)
     final = registry.latest_checkpoint(grpo_id).path  # type: ignore[union-attr]
     models = (("sft", sft_path), ("grpo_stage1", stage1), ("grpo_stage2", final))
-    ev = {
-        name: evaluate(p, "when-to-search", dev, url, collection, cfg, args.turns, args.tokens)
-        for name, p in models
-        if p
-    }
+    ev = {name: score(p) for name, p in models if p}
     out: dict[str, Any] = {"table": [summary(k, v) for k, v in ev.items()]}
     for k in ("grpo_stage1", "grpo_stage2"):
         if k in ev:
