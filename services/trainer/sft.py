@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,9 +73,12 @@ async def expert_episodes(
                                      token_budget=1 << 20, max_new_tokens_per_step=1 << 16)  # fmt: skip
 
     try:
-        return list(await asyncio.gather(*(one(i, q) for i, q in enumerate(questions))))
+        episodes = list(await asyncio.gather(*(one(i, q) for i, q in enumerate(questions))))
     finally:
         await retriever.aclose()
+    counts = Counter(e.retrieval_count for e in episodes)
+    log.info("%d expert episodes; searches per episode: %s", len(episodes), dict(sorted(counts.items())))
+    return episodes
 
 
 def sft_dataset(episodes: Sequence[Episode], tokenizer: Any, max_length: int | None = None) -> Dataset:
