@@ -13,7 +13,8 @@ Rules, in the order they apply:
 - A block with no closing tag ends at the next opening of a known tag, or at the end of the text
   (the usual case: a segment cut at a stop sequence). It is kept with ``closed=False`` and an
   ``unclosed`` error, so lenient callers (action parsing) can use it and strict ones (format
-  rewards) reject it.
+  rewards) reject it. Running to the end of the text, it loses a cut-off start of its closing tag
+  (``<answer>Paris</ans``: a segment that hit the token limit inside the tag reads ``Paris``).
 - The same tag opened again before its close (``<answer>a <answer>b</answer>``) is rejected:
   an error ``nested`` and scanning stops there.
 - A closing tag with no opening is an error ``stray``.
@@ -110,7 +111,8 @@ def parse_tags(text: str, tags: Iterable[str], *, max_chars: int = MAX_CHARS) ->
         if close == -1:
             nxt = open_re.search(text, body)
             end = nxt.start() if nxt else len(text)
-            out.blocks.append(Block(tag, text[body:end].strip(), m.start(), end, closed=False))
+            content = text[body:end] if nxt else _cut_close(text[body:end], tag)
+            out.blocks.append(Block(tag, content.strip(), m.start(), end, closed=False))
             out.errors.append(f"unclosed: <{tag}> at {m.start()} has no </{tag}>")
             pos = end
             continue
@@ -122,6 +124,15 @@ def parse_tags(text: str, tags: Iterable[str], *, max_chars: int = MAX_CHARS) ->
         pos = end
     _stray(close_re, text, pos, len(text), out.errors)
     return out
+
+
+def _cut_close(content: str, tag: str) -> str:
+    """``content`` without a trailing ``</``, ``</t``, ... ``</tag`` (a closing tag cut short)."""
+    close = f"</{tag}"
+    for k in range(len(close), 1, -1):
+        if content.endswith(close[:k]):
+            return content[:-k]
+    return content
 
 
 def outside_text(text: str, blocks: list[Block]) -> str:

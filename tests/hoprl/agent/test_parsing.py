@@ -55,6 +55,17 @@ def test_unclosed_block_is_kept_but_flagged() -> None:
     assert block is not None and block.content == "Paris" and not block.closed
 
 
+@pytest.mark.parametrize("cut", ["</", "</ans", "</answer"])
+def test_closing_tag_cut_by_the_token_limit_is_not_content(cut: str) -> None:
+    parsed = parse_tags(f"<think>x</think><answer>Paris{cut}", ["think", "answer"])
+    block = parsed.first("answer")
+    assert block is not None and block.content == "Paris" and not block.closed
+    assert not parsed.ok  # still a format error for the strict readers
+    # only at the end of the text, and only the block's own tag
+    assert parse_tags("<answer>a </b", ["answer"]).blocks[0].content == "a </b"
+    assert parse_tags("<answer>1 < 2", ["answer"]).blocks[0].content == "1 < 2"
+
+
 def test_known_tag_inside_closed_block_is_content() -> None:
     parsed = parse_tags("<think>I could <search>x</search> later</think>", TAGS)
     assert parsed.ok and parsed.tags == ["think"]
