@@ -91,9 +91,11 @@ def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_u
 
 
 def evaluate_once(out: Path, path: str, recipe: str, questions: list[Question], *rest: Any) -> dict[str, Any]:
-    """:func:`evaluate` (``rest``: its arguments after ``questions``), kept under ``<out>/evals``:
-    greedy decoding gives a checkpoint the same scores on the same questions and settings, so
-    campaigns sharing an SFT job evaluate it once."""
+    """:func:`evaluate` (``rest``: its arguments after ``questions``), kept under ``<out>/evals`` so
+    that later campaigns of the same ``--out`` reuse a checkpoint's scores on the same questions
+    and settings. Greedy decoding makes them nearly, not exactly, repeatable: the engine batches
+    concurrent episodes as they arrive, and padding can flip a near-tie (the same SFT checkpoint
+    scored 24 and 23 EM on 100 questions in two processes)."""
     key = json.dumps([path, recipe, [q.id for q in questions], *rest[2:]])  # not the URL or collection
     cache = out / "evals" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
     if cache.exists():
