@@ -7,7 +7,7 @@
     # 2. SFT warm start, then GRPO with when-to-search on the synthetic world; dev EM and
     #    retrieval count for SFT-only and for SFT+GRPO at the end of stage 1 and of stage 2
     python bench/train.py when-to-search --dataset synthetic:0:2 --sft-steps 300 --grpo-steps 200 \
-        --switch-step 100 --dev 150        (--sft-job JOB reuses an SFT job of the same --out)
+        --switch-step 100 --dev 150        (--sft-job JOB|CHECKPOINT reuses a warm start)
     # 3. SFT warm start, then GRPO with arena on real data; EM/F1 on a fixed hotpotqa_dev sample
     python bench/train.py arena --train ../shared/data/hotpotqa_train.jsonl \
         --dev ../shared/data/hotpotqa_dev.jsonl --sft-steps 300 --grpo-steps 100 --dev-n 150
@@ -248,7 +248,11 @@ def main() -> None:
     p.add_argument("--objective", default="dapo", help="when-to-search: the RL objective")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (unset: the trainer default)")
     p.add_argument("--sft-questions", type=int, default=4, help="SFT episodes per step")
-    p.add_argument("--sft-job", default=None, help="when-to-search: reuse this SFT job of the --out registry")
+    p.add_argument(
+        "--sft-job",
+        default=None,
+        help="when-to-search: reuse an SFT job of the --out registry (its id) or a checkpoint folder",
+    )
     p.add_argument(
         "--expert",
         default="hops",
