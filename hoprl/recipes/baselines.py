@@ -85,6 +85,11 @@ def format_docs(docs: list[list[RetrievedDoc]]) -> str:
     return "\n".join(f"[{i}] {d.title}: {d.text}" for i, d in enumerate(seen.values(), 1))
 
 
+def lists_title(information: str, title: str) -> bool:
+    """Whether a :func:`format_docs` text holds a reference titled ``title``."""
+    return f"] {title}: " in information
+
+
 @versioned("exact_match@1")
 def exact_match_reward(
     prompts: Sequence[Any],

@@ -55,6 +55,7 @@ from hoprl.recipes.baselines import (
     generated_texts,
     gold_answers,
     hop_fact,
+    lists_title,
 )
 from hoprl.schemas import Question
 
@@ -254,13 +255,11 @@ class WhenToSearch(SearchR1):
                 return expert_search(first, None)
             asked = [m["content"] for m in messages if m["role"] == "assistant"]
             searched = {q for text in asked for q in parse_tags(text, TAGS).contents("search")}
-
-            def found(hop_title: str, texts: list[str]) -> bool:
-                return any(f"] {hop_title}: " in t for t in texts)
-
-            new = [h for h in hops if found(h.title, results[-1:]) and not found(h.title, results[:-1])]
+            seen_before = {h.title for h in hops for t in results[:-1] if lists_title(t, h.title)}
+            new = [h for h in hops if h.title not in seen_before and lists_title(results[-1], h.title)]
+            seen = seen_before | {h.title for h in new}
             reflect = " ".join(hop_fact(h) for h in new) or hop_fact(None)
-            missing = [h for h in hops if not found(h.title, results) and h.query not in searched]
+            missing = [h for h in hops if h.title not in seen and h.query not in searched]
             action = expert_search(missing[0].query, missing[0]) if missing else expert_final(question)
             return f"<reflect>{reflect}</reflect>\n{action}"
 

@@ -43,17 +43,20 @@ class ExpertChat:
     with what an adaptive expert (a function of the conversation so far) writes."""
 
     def __init__(self, script: Sequence[str] | Callable[[list[dict[str, str]]], str]) -> None:
-        self.reader = script if callable(script) else None
-        self.segments = [] if callable(script) else list(script)
+        if callable(script):
+            self.reply = script
+        else:
+            segments = list(script)
+            self.reply = lambda messages: segments[min(_turns(messages), len(segments) - 1)]
 
     async def chat(self, messages: list[dict[str, str]], **_: Any) -> list[Completion]:
-        if self.reader is not None:
-            text = self.reader(messages)
-        else:
-            turn = sum(1 for m in messages if m["role"] == "assistant")
-            text = self.segments[min(turn, len(self.segments) - 1)]
+        text = self.reply(messages)
         usage = {"prompt_tokens": 0, "completion_tokens": len(text.split())}
         return [Completion(text, "stop", None, None, usage)]
+
+
+def _turns(messages: list[dict[str, str]]) -> int:
+    return sum(1 for m in messages if m["role"] == "assistant")
 
 
 async def expert_episodes(
