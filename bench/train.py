@@ -165,6 +165,7 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         save_steps=args.switch_step,
         token_budget=args.tokens * args.turns * 4,
         learning_rate=args.lr,
+        beta=args.beta,
         **common,
     )
     grpo = JobRequest(recipe="when-to-search", objective=args.objective, model=sft_id, dataset=args.dataset,
@@ -247,6 +248,9 @@ def main() -> None:
     p.add_argument("--dataset", default="synthetic", help="step-time, when-to-search: the dataset spec")
     p.add_argument("--objective", default="dapo", help="when-to-search: the RL objective")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (unset: the trainer default)")
+    p.add_argument(
+        "--beta", type=float, default=None, help="when-to-search: KL coefficient (unset: the recipe's, 0)"
+    )
     p.add_argument("--sft-questions", type=int, default=4, help="SFT episodes per step")
     p.add_argument(
         "--sft-job",
