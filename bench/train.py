@@ -17,8 +17,10 @@ Each training phase is a real trainer job (:func:`services.trainer.jobs.submit` 
 ``--out`` (default ``.hoprl/bench/train``), with a retriever started in-process on embedded
 storage. Evaluation rolls out greedily (temperature 0) with the policy service's transformers
 engine, one sample per question, and pairs questions for the bootstrap p-value. Results are
-printed and written to ``<out>/<command>.json``. Short runs prove the pipeline; the targets need
-the long commands above. The machine is usually shared: compare numbers within one run.
+printed and written to ``<out>/<command>.json``, with ``<out>/<command>.png`` (the training reward
+per step beside each model's dev scores; ``python bench/train.py plot --out DIR`` redraws it).
+Short runs prove the pipeline; the targets need the long commands above. The machine is usually
+shared: compare numbers within one run.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import torch
+
+matplotlib.use("Agg")  # files only
+
+import matplotlib.pyplot as plt
 
 from hoprl.agent.runner import run_episodes
 from hoprl.clients.retriever import AsyncRetrieverClient
@@ -180,6 +187,7 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         if k in ev:
             out[f"p_value EM {k} vs sft"] = paired_bootstrap(ev[k]["em"], ev["sft"]["em"]).p_value
     out["reward_curve"] = registry.metric_series(grpo_id, "reward")
+    out["switch_step"] = args.switch_step
     return out
 
 
@@ -235,12 +243,46 @@ def arena(args: argparse.Namespace, registry: Registry, settings: TrainerSetting
             "reward_curve": registry.metric_series(grpo_id, "reward")}  # fmt: skip
 
 
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """``result``'s training reward per GRPO step (the stage switch dashed, if any) beside each
+    evaluated model's dev EM and F1, with its retrievals per question; None without a curve."""
+    curve, table = result.get("reward_curve"), result.get("table")
+    if not curve or not table:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(*zip(*curve, strict=True), marker=".", color="tab:blue", linewidth=1)
+    if result.get("switch_step"):
+        left.axvline(
+            result["switch_step"], color="tab:red", linestyle="--", linewidth=1, label="stage switch"
+        )
+        left.legend(fontsize=8)
+    left.set(xlabel="GRPO step", ylabel="training reward (mean of the batch)")
+    names = [row["model"] for row in table]
+    x = range(len(names))
+    right.bar([i - 0.2 for i in x], [row["EM"] for row in table], width=0.4, label="EM")
+    right.bar([i + 0.2 for i in x], [row["F1"] for row in table], width=0.4, label="F1")
+    for i, row in enumerate(table):
+        if "retrievals" in row:
+            right.annotate(f"{row['retrievals']:.2f} retr.", (i, max(row["EM"], row["F1"])), ha="center",
+                           xytext=(0, 3), textcoords="offset points", fontsize=8)  # fmt: skip
+    right.set_xticks(list(x), names)
+    right.set(ylabel="dev score")
+    right.legend(fontsize=8)
+    fig.suptitle(path.stem)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 COMMANDS = {"step-time": step_time, "when-to-search": when_to_search, "arena": arena}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=sorted(COMMANDS))
+    p.add_argument(
+        "command", choices=sorted([*COMMANDS, "plot"]), help="plot: redraw <out>/*.png from *.json"
+    )
     p.add_argument("--out", type=Path, default=Path(".hoprl/bench/train"))
     p.add_argument("--steps", type=int, default=3, help="step-time: GRPO steps per variant")
     p.add_argument("--model", default=None, help="step-time: model or checkpoint folder")
@@ -289,6 +331,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="training threads (1: two share 2 cores)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.command == "plot":
+        for name in COMMANDS:
+            if (found := args.out / f"{name}.json").exists():
+                drawn = plot(json.loads(found.read_text()), found.with_suffix(".png"))
+                print(drawn or f"{found}: nothing to plot")
+        return
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     retriever = RetrieverSettings(storage_path=args.out / "qdrant")
@@ -304,6 +352,8 @@ def main() -> None:
     result["wall_s"] = round(time.perf_counter() - start, 1)
     result["threads"] = torch.get_num_threads()
     (args.out / f"{args.command}.json").write_text(json.dumps(result, indent=1))
+    if drawn := plot(result, args.out / f"{args.command}.png"):
+        log.info("plot: %s", drawn)
     print(json.dumps({k: v for k, v in result.items() if k != "reward_curve"}, indent=1))
 
 

@@ -1,0 +1,59 @@
+"""bench/train.py's plot: the reward curve and the evaluation table of a campaign's result."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> object:
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RESULT = {
+    "table": [
+        {"model": "sft", "EM": 24.0, "F1": 26.5, "retrievals": 1.0},
+        {"model": "grpo_stage1", "EM": 17.0, "F1": 18.0, "retrievals": 1.0},
+        {"model": "grpo_stage2", "EM": 14.0, "F1": 15.0, "retrievals": 1.0},
+    ],
+    "reward_curve": [[1, 0.18], [2, 0.51], [3, 0.94], [4, 0.01]],
+    "switch_step": 2,
+}
+
+
+def test_plot_draws_curve_and_table(bench: object, tmp_path: Path) -> None:
+    path = bench.plot(RESULT, tmp_path / "when-to-search.png")  # type: ignore[attr-defined]
+    assert path == tmp_path / "when-to-search.png"
+    image = matplotlib.image.imread(path)
+    assert image.shape[:2] == (400, 1100)  # 11 x 4 inches at 100 dpi
+    assert image.std() > 0.05  # not a blank canvas
+
+
+def test_plot_skips_results_without_a_curve(bench: object, tmp_path: Path) -> None:
+    step_time = {"multi-turn retrieval": {"step_time": 83.8}}
+    assert bench.plot(step_time, tmp_path / "step-time.png") is None  # type: ignore[attr-defined]
+    assert bench.plot({**RESULT, "reward_curve": []}, tmp_path / "x.png") is None  # type: ignore[attr-defined]
+    assert not list(tmp_path.iterdir())
+
+
+def test_plot_command_redraws_every_result(bench: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    (tmp_path / "when-to-search.json").write_text(json.dumps(RESULT))
+    (tmp_path / "step-time.json").write_text(json.dumps({"single turn": {"step_time": 37.0}}))
+    monkeypatch.setattr(sys, "argv", ["train.py", "plot", "--out", str(tmp_path)])
+    bench.main()  # type: ignore[attr-defined]
+    assert (tmp_path / "when-to-search.png").stat().st_size > 10_000
+    assert not (tmp_path / "step-time.png").exists()
+    assert "step-time.json: nothing to plot" in capsys.readouterr().out
