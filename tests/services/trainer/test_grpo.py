@@ -57,9 +57,10 @@ def make_trainer(
     tiny_model: str, retriever_url: str, collection: str, questions: list[Question], tmp: Path,
     objective: str = "grpo", recipe: Any = None, steps: int = 2, **hp: Any,
 ) -> Any:  # fmt: skip
+    hp = {"learning_rate": 1e-2, **hp}
     params = Hyperparameters(
         questions_per_step=2, num_generations=3, max_turns=2, max_new_tokens_per_step=12,
-        token_budget=96, learning_rate=1e-2, save_steps=100, **hp,
+        token_budget=96, save_steps=100, **hp,
     ).resolved("search-r1")  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
@@ -127,3 +128,56 @@ def test_k2_kl_in_training(tiny_model: str, retriever_url: str, collection: str,
     trainer.train()
     kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
     assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 0
+
+
+class Capture(HoprlGRPOTrainer):
+    """Keeps the batch the loss was computed on (token ids, masks, TRL's advantages)."""
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        self.batch = {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        return super()._compute_loss(model, inputs)
+
+
+def mean_policy_logps(trainer: Any, model: Any) -> torch.Tensor:
+    """Per completion: the mean log-prob of its policy tokens (mask 1) under ``model``."""
+    b = trainer.batch
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1)
+    attention = torch.cat([b["prompt_mask"], b["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logps = trainer._get_per_token_logps_and_entropies(
+            model, ids, attention, b["completion_ids"].size(1)
+        )[0]
+    mask = b["completion_mask"] * b["tool_mask"]
+    return (logps * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def test_a_step_favours_completions_with_higher_reward(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
+) -> None:
+    """The sign and the alignment of the policy gradient: TRL's advantages follow our rewards of
+    the same episodes, row by row, and one small step raises the (mean) log-probability of the
+    completions with positive advantage against those with negative advantage."""
+    import copy
+
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
+                           steps=1, learning_rate=1e-4)  # fmt: skip
+    trainer.__class__ = Capture
+    before = copy.deepcopy(trainer.model)
+    trainer.train()
+    # TRL shuffles the batch before the loss: find each row's episode by its generated text
+    b, rollout, g = trainer.batch, trainer.rollout_func, trainer.num_generations
+    totals = torch.tensor(rollout.last_totals)
+    centred = totals - totals.view(-1, g).mean(1).repeat_interleave(g)
+    texts = ["".join(s.text for s in e.steps) for e in rollout.last_episodes]
+    mask = b["completion_mask"] * b["tool_mask"]
+    rows = [trainer.processing_class.decode(ids[m.bool()], clean_up_tokenization_spaces=False)
+            for ids, m in zip(b["completion_ids"], mask, strict=True)]  # fmt: skip
+    episode = [texts.index(text) for text in rows]
+    assert sorted(episode) == list(range(len(texts))), "rows and episodes do not match one to one"
+    advantages = b["advantages"]
+    assert advantages.abs().sum() > 0, "every group was flat: nothing to learn from"
+    expected = centred[episode]
+    assert torch.equal(torch.sign(advantages), torch.sign(expected.where(expected.abs() > 1e-6, 0.0)))
+    change = mean_policy_logps(trainer, trainer.model) - mean_policy_logps(trainer, before)
+    assert float((advantages * change).sum()) > 0
+    assert float(change[advantages > 0].mean()) > float(change[advantages < 0].mean())
