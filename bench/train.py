@@ -262,7 +262,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     right.bar([i - 0.2 for i in x], [row["EM"] for row in table], width=0.4, label="EM")
     right.bar([i + 0.2 for i in x], [row["F1"] for row in table], width=0.4, label="F1")
     for i, row in enumerate(table):
-        if "retrievals" in row:
+        if row.get("retrievals"):  # (ARENA answers from given paragraphs: none)
             right.annotate(f"{row['retrievals']:.2f} retr.", (i, max(row["EM"], row["F1"])), ha="center",
                            xytext=(0, 3), textcoords="offset points", fontsize=8)  # fmt: skip
     right.set_xticks(list(x), names)
