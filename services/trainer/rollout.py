@@ -44,6 +44,7 @@ from hoprl.agent.tokens import to_token_trajectory
 from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.recipes import reward_weights
+from hoprl.recipes.baselines import generated_texts
 from hoprl.schemas import Question
 from services.policy.agent import EngineChat
 from services.policy.engines import TransformersEngine
@@ -97,7 +98,7 @@ def score(reward_funcs: Sequence[Any], weights: Sequence[float], episodes: list[
           questions: list[Question]) -> tuple[list[dict[str, float]], list[float]]:  # fmt: skip
     """Every reward function on ``episodes``: per-episode ``{name@version: value}`` and the weighted
     total TRL will compute too (``None`` rewards count as 0 in the total, as in TRL's nansum)."""
-    texts = ["".join(s.text for s in e.steps) for e in episodes]
+    texts = generated_texts([], episodes)
     columns = question_columns(questions)
     per: list[dict[str, float]] = [{} for _ in episodes]
     totals = [0.0] * len(episodes)

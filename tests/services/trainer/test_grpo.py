@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.recipes.base import Action
-from hoprl.recipes.baselines import SearchR1
+from hoprl.recipes.baselines import SearchR1, generated_texts
 from hoprl.schemas import Question
 from services.trainer.grpo import HoprlGRPOTrainer, build_grpo, grpo_config, k2_kl, masked_sequence_mean
 from services.trainer.protocol import Hyperparameters
@@ -157,8 +158,6 @@ def test_a_step_favours_completions_with_higher_reward(
     """The sign and the alignment of the policy gradient: TRL's advantages follow our rewards of
     the same episodes, row by row, and one small step raises the (mean) log-probability of the
     completions with positive advantage against those with negative advantage."""
-    import copy
-
     trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
                            steps=1, learning_rate=1e-4)  # fmt: skip
     trainer.__class__ = Capture
@@ -168,7 +167,7 @@ def test_a_step_favours_completions_with_higher_reward(
     b, rollout, g = trainer.batch, trainer.rollout_func, trainer.num_generations
     totals = torch.tensor(rollout.last_totals)
     centred = totals - totals.view(-1, g).mean(1).repeat_interleave(g)
-    texts = ["".join(s.text for s in e.steps) for e in rollout.last_episodes]
+    texts = generated_texts([], rollout.last_episodes)
     mask = b["completion_mask"] * b["tool_mask"]
     rows = [trainer.processing_class.decode(ids[m.bool()], clean_up_tokenization_spaces=False)
             for ids, m in zip(b["completion_ids"], mask, strict=True)]  # fmt: skip
