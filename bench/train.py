@@ -55,6 +55,7 @@ from services.policy.agent import EngineChat
 from services.policy.engines import TransformersEngine
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
+from services.trainer.hardware import bf16_mixed_precision
 from services.trainer.jobs import checkpoint_of, ensure_collection, run_job, submit
 from services.trainer.protocol import Hyperparameters, JobRequest
 from services.trainer.settings import TrainerSettings
@@ -75,8 +76,9 @@ def train(registry: Registry, settings: TrainerSettings, request: JobRequest) ->
 
 def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_url: str, collection: str,
              recipe_config: dict[str, Any], max_turns: int, tokens: int) -> dict[str, Any]:  # fmt: skip
-    """Greedy episodes of checkpoint ``path``: per-question EM, F1 and retrieval count."""
-    engine = TransformersEngine(path, threads=1)
+    """Greedy episodes of checkpoint ``path``: per-question EM, F1 and retrieval count. Decoding
+    autocasts to bf16 where training does (:func:`bf16_mixed_precision`)."""
+    engine = TransformersEngine(path, threads=1, autocast=bf16_mixed_precision())
     recipe = get_recipe(recipe_name, **recipe_config)
 
     async def run() -> list[Any]:
@@ -104,6 +106,8 @@ def evaluate_once(out: Path, path: str, recipe: str, questions: list[Question], 
     concurrent episodes as they arrive, and padding can flip a near-tie (the same SFT checkpoint
     scored 24 and 23 EM on 100 questions in two processes)."""
     key = json.dumps([path, recipe, [q.id for q in questions], *rest[2:]])  # not the URL or collection
+    if bf16_mixed_precision():  # (so fp32 scores cached by earlier versions keep their keys)
+        key += " bf16"
     cache = out / "evals" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
     if cache.exists():
         return dict(json.loads(cache.read_text()))
@@ -173,6 +177,9 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         token_budget=args.tokens * args.turns * 4,
         learning_rate=args.lr,
         beta=args.beta,
+        temperature=args.temperature,
+        scale_rewards=args.scale_rewards,
+        dynamic_sampling=args.dynamic_sampling or None,
         **common,
     )
     grpo = JobRequest(recipe="when-to-search", objective=args.objective, model=sft_id, dataset=args.dataset,
@@ -310,6 +317,16 @@ def main() -> None:
     p.add_argument("--switch-step", type=int, default=2, help="when-to-search: stage 1 -> 2 at this step")
     p.add_argument("--questions", type=int, default=2, help="questions per GRPO step")
     p.add_argument("--generations", type=int, default=4, help="samples per question")
+    p.add_argument("--temperature", type=float, default=1.0, help="GRPO sampling temperature")
+    p.add_argument(
+        "--scale-rewards",
+        default=None,
+        choices=["group", "batch", "none"],
+        help="advantage std scaling (default: none for dr_grpo, else group)",
+    )
+    p.add_argument(
+        "--dynamic-sampling", action="store_true", help="refill groups whose rewards have zero spread (DAPO)"
+    )
     p.add_argument("--turns", type=int, default=4)
     p.add_argument(
         "--tokens",

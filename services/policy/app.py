@@ -33,7 +33,9 @@ def create_engine(settings: PolicySettings) -> Engine:
     path = resolve_model(settings.model, settings.model_cache)
     if settings.engine == "vllm":
         return VllmEngine(path, settings.dtype, settings.gpu_memory_utilization)
-    return TransformersEngine(path, settings.dtype, settings.torch_threads, settings.max_batch)
+    return TransformersEngine(
+        path, settings.dtype, settings.torch_threads, settings.max_batch, settings.autocast
+    )
 
 
 def create_app(settings: PolicySettings | None = None) -> FastAPI:

@@ -33,7 +33,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from hoprl.schemas import Question
 from services.trainer.hardware import accelerator_args
-from services.trainer.protocol import Hyperparameters
+from services.trainer.protocol import Hyperparameters, reward_scaling
 from services.trainer.rollout import AgentRollout
 
 log = logging.getLogger("hoprl.trainer")
@@ -111,6 +111,7 @@ def grpo_config(
         gradient_accumulation_steps=1,
         steps_per_generation=1,
         loss_type=objective,
+        scale_rewards=reward_scaling(hp, objective),
         beta=hp.beta or 0.0,
         epsilon=hp.epsilon or 0.2,
         epsilon_high=hp.epsilon_high,

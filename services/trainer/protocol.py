@@ -41,6 +41,12 @@ class Hyperparameters(BaseModel):
     )
     epsilon: float | None = Field(None, gt=0, lt=1, description="lower clip (default 0.2)")
     epsilon_high: float | None = Field(None, gt=0, lt=1, description="upper clip (default = epsilon)")
+    scale_rewards: Literal["group", "batch", "none"] | None = Field(
+        None,
+        description="divide advantages by the group's reward std (group), the batch's (batch) or not at all "
+        "(none); default: none for dr_grpo (Dr. GRPO drops the std as well as the length normalisation), "
+        "else group",
+    )
     dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
     max_turns: int = Field(4, ge=1, le=20, description="agent steps per episode")
@@ -75,6 +81,15 @@ class Hyperparameters(BaseModel):
             if values.get(key) is None:
                 values[key] = value
         return Hyperparameters.model_validate(values)
+
+
+def reward_scaling(hp: Hyperparameters, objective: str) -> str:
+    """TRL's ``scale_rewards``: as set, else ``none`` for ``dr_grpo`` and ``group`` otherwise.
+
+    TRL's ``loss_type="dr_grpo"`` only changes the length normalisation; Dr. GRPO (Liu et al., 2025)
+    also drops the division by the group's reward std, so the objective sets both.
+    """
+    return hp.scale_rewards or ("none" if objective == "dr_grpo" else "group")
 
 
 class JobRequest(BaseModel):

@@ -65,7 +65,7 @@ from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from services.policy.agent import EngineChat
 from services.trainer.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
-from services.trainer.protocol import Hyperparameters, JobRequest
+from services.trainer.protocol import Hyperparameters, JobRequest, reward_scaling
 from services.trainer.rollout import RolloutOptions, TrainingEngine, generation_mode
 
 log = logging.getLogger("hoprl.trainer")
@@ -108,12 +108,23 @@ def leaf_messages(recipe: Any, question: Question, tree: RetrievalTree, leaf: No
     return messages
 
 
-def group_advantages(rewards: list[float]) -> list[float] | None:
-    """GRPO advantages of one group, or None when its rewards have zero spread (dropped)."""
+def sample_std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
+
+
+def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
+    """GRPO advantages of one group, or None when its rewards have zero spread (dropped).
+
+    ``scale``: divide by the group's reward std (GRPO); without it only the mean is subtracted
+    (Dr. GRPO, ``scale_rewards="none"``).
+    """
     if max(rewards) == min(rewards):
         return None
     mean = sum(rewards) / len(rewards)
-    std = (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5
+    if not scale:
+        return [r - mean for r in rewards]
+    std = sample_std(rewards)
     return [(r - mean) / (std + 1e-4) for r in rewards]
 
 
@@ -257,15 +268,19 @@ class R2agRounds:
             [{**signal_sums(ep), "total": r} for ep, r in zip(flat, rewards, strict=True)],
         )
         kept_eps, kept_adv, dropped, start = [], [], 0, 0
+        scaling = reward_scaling(self.hp, self.request.objective)
         for group in level:
             group_rewards = rewards[start : start + len(group)]
             start += len(group)
-            adv = group_advantages(group_rewards)
+            adv = group_advantages(group_rewards, scale=scaling == "group")
             if adv is None:
                 dropped += 1
                 continue
             kept_eps += group
             kept_adv += adv
+        if scaling == "batch" and kept_adv:
+            batch_std = sample_std(rewards)
+            kept_adv = [a / (batch_std + 1e-4) for a in kept_adv]
         metrics = {
             "reward": sum(rewards) / len(rewards),
             "round": float(self.round),

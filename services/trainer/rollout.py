@@ -48,6 +48,7 @@ from hoprl.recipes.baselines import generated_texts
 from hoprl.schemas import Question
 from services.policy.agent import EngineChat
 from services.policy.engines import TransformersEngine
+from services.trainer.hardware import bf16_mixed_precision
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -58,9 +59,12 @@ EpisodeSink = Callable[[int, list[Episode], list[dict[str, float]], list[float]]
 class TrainingEngine(TransformersEngine):
     """The policy service's engine around an in-memory model: rollouts see the current weights."""
 
-    def __init__(self, model: Any, tokenizer: Any, threads: int = 1, max_batch: int = 16) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, threads: int = 1, max_batch: int = 16, autocast: bool | None = None
+    ) -> None:
         self._live = (model, tokenizer)
-        super().__init__("(training model)", threads=threads, max_batch=max_batch)
+        autocast = bf16_mixed_precision() if autocast is None else autocast  # as the trainer's steps
+        super().__init__("(training model)", threads=threads, max_batch=max_batch, autocast=autocast)
 
     def load(self, path: str) -> None:
         model, tokenizer = self._live

@@ -116,3 +116,21 @@ def test_vllm_engine_matches_the_interface(model_path: str) -> None:
     engine.load(model_path)
     assert engine.model_path == model_path
     engine.close()
+
+
+def test_autocast_decodes_in_bf16(model_path: str) -> None:
+    """``autocast=True`` runs the layers in bf16 while the weights stay float32."""
+    import torch
+
+    engine = TransformersEngine(model_path, autocast=True)
+    seen: list[torch.dtype] = []
+    layer = next(m for m in engine.model.modules() if isinstance(m, torch.nn.Linear))
+    hook = layer.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    try:
+        (g,) = engine.generate([CHAT], GREEDY)[0]
+    finally:
+        hook.remove()
+    assert g.token_ids and engine.tokenizer.decode(g.token_ids).startswith(g.text)
+    assert seen and set(seen) == {torch.bfloat16}
+    assert next(engine.model.parameters()).dtype == torch.float32
+    engine.close()

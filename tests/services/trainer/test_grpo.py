@@ -87,6 +87,22 @@ def test_grpo_moves_weights(tiny_model: str, retriever_url: str, collection: str
     assert trainer.state.global_step == 2
 
 
+@pytest.mark.parametrize(
+    ("objective", "scale", "expected"),
+    [
+        ("grpo", None, "group"),
+        ("dapo", None, "group"),
+        ("dr_grpo", None, "none"),
+        ("dr_grpo", "batch", "batch"),
+    ],
+)
+def test_reward_scaling_follows_the_objective(
+    objective: str, scale: str | None, expected: str, tmp_path: Path
+) -> None:
+    hp = Hyperparameters(scale_rewards=scale).resolved("search-r1")  # type: ignore[arg-type]
+    assert grpo_config(hp, objective, steps=1, output_dir=str(tmp_path), seed=0).scale_rewards == expected
+
+
 def test_k2_values() -> None:
     logps = torch.tensor([[-1.0, -2.0, -0.5]])
     ref = torch.tensor([[-3.0, -2.0, -0.5]])
@@ -152,14 +168,17 @@ def mean_policy_logps(trainer: Any, model: Any) -> torch.Tensor:
     return (logps * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
+@pytest.mark.parametrize("objective", ["grpo", "dr_grpo"])
 def test_a_step_favours_completions_with_higher_reward(
-    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
-) -> None:
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]],
+    tmp_path: Path, objective: str,
+) -> None:  # fmt: skip
     """The sign and the alignment of the policy gradient: TRL's advantages follow our rewards of
     the same episodes, row by row, and one small step raises the (mean) log-probability of the
-    completions with positive advantage against those with negative advantage."""
+    completions with positive advantage against those with negative advantage. Under ``dr_grpo``
+    the advantages are the rewards minus their group mean, not divided by the group's std."""
     trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
-                           steps=1, learning_rate=1e-4)  # fmt: skip
+                           objective=objective, steps=1, learning_rate=1e-4)  # fmt: skip
     trainer.__class__ = Capture
     before = copy.deepcopy(trainer.model)
     trainer.train()
@@ -177,6 +196,8 @@ def test_a_step_favours_completions_with_higher_reward(
     assert advantages.abs().sum() > 0, "every group was flat: nothing to learn from"
     expected = centred[episode]
     assert torch.equal(torch.sign(advantages), torch.sign(expected.where(expected.abs() > 1e-6, 0.0)))
+    if objective == "dr_grpo":
+        assert torch.allclose(advantages, expected.to(advantages.dtype), atol=1e-5)
     change = mean_policy_logps(trainer, trainer.model) - mean_policy_logps(trainer, before)
     assert float((advantages * change).sum()) > 0
     assert float(change[advantages > 0].mean()) > float(change[advantages < 0].mean())

@@ -43,6 +43,8 @@ def test_group_advantages_drop_flat_groups() -> None:
     assert group_advantages([0.5, 0.5, 0.5]) is None
     adv = group_advantages([1.0, 0.0])
     assert adv is not None and adv[0] > 0 > adv[1] and sum(adv) == pytest.approx(0.0)
+    assert adv[0] == pytest.approx(0.5 / (0.5**0.5 + 1e-4))  # centred, divided by the sample std
+    assert group_advantages([1.0, 0.0, 0.5], scale=False) == [0.5, -0.5, 0.0]  # Dr. GRPO: centred only
 
 
 def test_tree_round_trip() -> None:
