@@ -16,11 +16,12 @@ A *forest* is one :class:`~hoprl.recipes.r2ag.RetrievalTree` per question of a b
    earns Joint-Hit only when the tree holds every gold document. The expansions go to the
    registry (question id, sample = leaf index x ``num_generations`` + sample).
 3. **train**: a leaf's samples are a group; advantages are GRPO's ``(R - mean) / (std + 1e-4)``
-   within it; groups whose rewards have zero spread are dropped (DAPO's dynamic sampling, without
-   a refill: every open leaf is already in the batch). One optimizer step on the clipped surrogate
-   ``-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` over the expansion's policy tokens
-   (mask 1; the injected ``<information>`` never enters the loss), aggregated per token over the
-   batch (``dapo``), per sequence then per batch (``grpo``), or over ``B x token_budget``
+   within it (``scale_rewards``: ``batch`` divides by the level's std instead, ``none``, the
+   ``dr_grpo`` default, by nothing); groups whose rewards have zero spread are dropped (DAPO's
+   dynamic sampling, without a refill: every open leaf is already in the batch). One optimizer
+   step on the clipped surrogate ``-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` over the
+   expansion's policy tokens (mask 1; the injected ``<information>`` never enters the loss),
+   aggregated per token over the batch (``dapo``), per sequence then per batch (``grpo``), or over ``B x token_budget``
    (``dr_grpo``). With one update per batch ``rho`` is 1 when the gradient is taken (as in TRL with
    one iteration per generation), so the clip ``epsilon`` / ``epsilon_high`` (0.2 / 0.28) is
    the DAPO objective's shape rather than an active constraint.
@@ -126,6 +127,16 @@ def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | 
         return [r - mean for r in rewards]
     std = sample_std(rewards)
     return [(r - mean) / (std + 1e-4) for r in rewards]
+
+
+def level_advantages(groups: list[list[float]], scaling: str) -> list[list[float] | None]:
+    """:func:`group_advantages` of each group under TRL's ``scale_rewards`` (``group`` / ``batch``
+    / ``none``); ``batch`` divides the centred rewards by the std over every group's rewards."""
+    advantages = [group_advantages(g, scale=scaling == "group") for g in groups]
+    if scaling != "batch":
+        return advantages
+    std = sample_std([r for g in groups for r in g])
+    return [None if a is None else [x / (std + 1e-4) for x in a] for a in advantages]
 
 
 def surrogate_loss(
@@ -268,19 +279,17 @@ class R2agRounds:
             [{**signal_sums(ep), "total": r} for ep, r in zip(flat, rewards, strict=True)],
         )
         kept_eps, kept_adv, dropped, start = [], [], 0, 0
-        scaling = reward_scaling(self.hp, self.request.objective)
+        grouped = []
         for group in level:
-            group_rewards = rewards[start : start + len(group)]
+            grouped.append(rewards[start : start + len(group)])
             start += len(group)
-            adv = group_advantages(group_rewards, scale=scaling == "group")
+        scaling = reward_scaling(self.hp, self.request.objective)
+        for group, adv in zip(level, level_advantages(grouped, scaling), strict=True):
             if adv is None:
                 dropped += 1
                 continue
             kept_eps += group
             kept_adv += adv
-        if scaling == "batch" and kept_adv:
-            batch_std = sample_std(rewards)
-            kept_adv = [a / (batch_std + 1e-4) for a in kept_adv]
         metrics = {
             "reward": sum(rewards) / len(rewards),
             "round": float(self.round),

@@ -4,6 +4,7 @@ to its gold-hit branches, trains one step, and the forest survives in the checkp
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from hoprl.schemas import Question
 from services.trainer.callbacks import STATE_FILE
 from services.trainer.jobs import run_job, submit
 from services.trainer.protocol import Hyperparameters, JobRequest
-from services.trainer.r2ag_rounds import group_advantages, tree_from_dict, tree_to_dict
+from services.trainer.r2ag_rounds import group_advantages, level_advantages, tree_from_dict, tree_to_dict
 from services.trainer.settings import TrainerSettings
 
 SAMPLES = 4
@@ -45,6 +46,15 @@ def test_group_advantages_drop_flat_groups() -> None:
     assert adv is not None and adv[0] > 0 > adv[1] and sum(adv) == pytest.approx(0.0)
     assert adv[0] == pytest.approx(0.5 / (0.5**0.5 + 1e-4))  # centred, divided by the sample std
     assert group_advantages([1.0, 0.0, 0.5], scale=False) == [0.5, -0.5, 0.0]  # Dr. GRPO: centred only
+
+
+def test_level_advantages_scale_by_group_batch_or_nothing() -> None:
+    groups = [[1.0, 0.0], [2.0, 2.0], [3.0, 0.0]]
+    assert level_advantages(groups, "none") == [[0.5, -0.5], None, [1.5, -1.5]]
+    by_group = level_advantages(groups, "group")
+    assert by_group[0] == pytest.approx(by_group[2], rel=1e-3)  # each group scaled to the same spread
+    std = statistics.stdev([r for g in groups for r in g])
+    assert level_advantages(groups, "batch")[2] == pytest.approx([1.5 / (std + 1e-4), -1.5 / (std + 1e-4)])
 
 
 def test_tree_round_trip() -> None:
