@@ -21,10 +21,10 @@ A *forest* is one :class:`~hoprl.recipes.r2ag.RetrievalTree` per question of a b
    dynamic sampling, without a refill: every open leaf is already in the batch). One optimizer
    step on the clipped surrogate ``-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` over the
    expansion's policy tokens (mask 1; the injected ``<information>`` never enters the loss),
-   aggregated per token over the batch (``dapo``), per sequence then per batch (``grpo``), or over ``B x token_budget``
-   (``dr_grpo``). With one update per batch ``rho`` is 1 when the gradient is taken (as in TRL with
-   one iteration per generation), so the clip ``epsilon`` / ``epsilon_high`` (0.2 / 0.28) is
-   the DAPO objective's shape rather than an active constraint.
+   aggregated per token over the batch (``dapo``), per sequence then per batch (``grpo``), or over
+   ``B x token_budget`` (``dr_grpo``). With one update per batch ``rho`` is 1 when the gradient is
+   taken (as in TRL with one iteration per generation), so the clip ``epsilon`` / ``epsilon_high``
+   (0.2 / 0.28) is the DAPO objective's shape rather than an active constraint.
 4. **grow and prune**: each leaf grows by its group's best expansion (highest reward, first sample
    on a tie: the top survivor), then each tree is pruned to its gold-hit branches
    (:func:`~hoprl.recipes.r2ag.prune`); the survivors are round ``k+1``'s context.
