@@ -108,7 +108,7 @@ class TransformersEngine:
         path: HF id or checkpoint folder.
         threads: torch threads; 1 decodes fastest on a 2-core machine (2 threads measured 3-5x slower).
         max_batch: rows (prompts x n) decoded together at most.
-        autocast: decode under bf16 autocast (weights stay in ``dtype``): about 1.6x faster on CPUs
+        autocast: decode under bf16 autocast (weights stay in ``dtype``): about 1.1x faster on CPUs
             with AMX (``bench/precision.py``); the tokens can differ from fp32 decoding at near-ties.
     """
 

@@ -4,7 +4,8 @@ bf16 mixed precision (autocast, fp32 master weights) is on with CUDA and on CPUs
 elsewhere; ``HOPRL_BF16=0`` / ``1`` overrides the choice. Measured on SmolLM2-135M, one thread
 (``python bench/precision.py``): on a 2-core CPU with AVX512-BF16 but no AMX autocast made a
 forward + backward of 4 x 720 tokens slower (26 s against 17-20 s); on a 2-core CPU with AMX it made
-it about 1.9x faster, and sampling 8 x 64 tokens about 1.6x faster.
+it 1.91x faster and sampling 8 x 64 tokens 1.12x faster, beside one other process (2.97x and
+1.16x beside two; docs/training.md).
 Activation checkpointing stays at TRL's default (on) on CPU too: without it a GRPO step of 8
 multi-turn episodes held 16 GB, too much next to the other services on a 24 GB machine.
 """
