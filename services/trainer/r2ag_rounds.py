@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import statistics
 import time
 from typing import Any
 
@@ -109,11 +110,6 @@ def leaf_messages(recipe: Any, question: Question, tree: RetrievalTree, leaf: No
     return messages
 
 
-def sample_std(values: list[float]) -> float:
-    mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
-
-
 def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
     """GRPO advantages of one group, or None when its rewards have zero spread (dropped).
 
@@ -125,7 +121,7 @@ def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | 
     mean = sum(rewards) / len(rewards)
     if not scale:
         return [r - mean for r in rewards]
-    std = sample_std(rewards)
+    std = statistics.stdev(rewards)
     return [(r - mean) / (std + 1e-4) for r in rewards]
 
 
@@ -135,7 +131,7 @@ def level_advantages(groups: list[list[float]], scaling: str) -> list[list[float
     advantages = [group_advantages(g, scale=scaling == "group") for g in groups]
     if scaling != "batch":
         return advantages
-    std = sample_std([r for g in groups for r in g])
+    std = statistics.stdev([r for g in groups for r in g])
     return [None if a is None else [x / (std + 1e-4) for x in a] for a in advantages]
 
 

@@ -59,12 +59,11 @@ EpisodeSink = Callable[[int, list[Episode], list[dict[str, float]], list[float]]
 class TrainingEngine(TransformersEngine):
     """The policy service's engine around an in-memory model: rollouts see the current weights."""
 
-    def __init__(
-        self, model: Any, tokenizer: Any, threads: int = 1, max_batch: int = 16, autocast: bool | None = None
-    ) -> None:
+    def __init__(self, model: Any, tokenizer: Any, threads: int = 1, max_batch: int = 16) -> None:
         self._live = (model, tokenizer)
-        autocast = bf16_mixed_precision() if autocast is None else autocast  # as the trainer's steps
-        super().__init__("(training model)", threads=threads, max_batch=max_batch, autocast=autocast)
+        super().__init__(  # decodes in the trainer's precision
+            "(training model)", threads=threads, max_batch=max_batch, autocast=bf16_mixed_precision()
+        )
 
     def load(self, path: str) -> None:
         model, tokenizer = self._live
