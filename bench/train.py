@@ -309,8 +309,11 @@ def main() -> None:
     p.add_argument(
         "--expert",
         default="hops",
-        choices=["hops", "adaptive"],
-        help="when-to-search: the SFT expert (adaptive: keywords first, then only missing hops)",
+        choices=["hops", "adaptive", "hops-adaptive"],
+        help=(
+            "when-to-search: the SFT expert (adaptive: keywords first, then only missing hops; "
+            "hops-adaptive: the first hop's query first, then only missing hops)"
+        ),
     )
     p.add_argument("--sft-steps", type=int, default=20)
     p.add_argument("--grpo-steps", type=int, default=4)

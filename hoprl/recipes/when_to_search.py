@@ -24,9 +24,12 @@ gold hop whatever the results hold, so a warm-started policy always searches onc
 ``"adaptive"`` first searches the question's keywords (:func:`keyword_query`), reads what came
 back and searches a hop's own query only for gold paragraphs still missing: it answers after one
 search when that search found every hop, which gives the policy examples of *not* searching
-again. It runs through :meth:`WhenToSearch.expert_reader` (the SFT path hands it each turn's
-conversation), not :meth:`~hoprl.recipes.baselines.SearchR1.expert_segments`, which cannot see
-the results.
+again. ``"hops-adaptive"`` reads the results the same way but starts with the first hop's own query,
+as ``"hops"`` does: it stops after that one search only when the results already list the second
+hop's paragraph too, so most of its episodes search once per hop and the rest show the policy
+when a second search is not needed. Both read the results through
+:meth:`WhenToSearch.expert_reader` (the SFT path hands it each turn's conversation), not
+:meth:`~hoprl.recipes.baselines.SearchR1.expert_segments`, which cannot see them.
 
 The stage comes from :class:`Curriculum`, which the trainer updates between segments; the r_a
 reward reads the recipe's curriculum at call time.
@@ -153,7 +156,7 @@ class WhenToSearchConfig(SearchR1Config):
     concise_max_words: int = 6
     question_words: tuple[str, ...] = QUESTION_WORDS
     correct_metric: Literal["em", "containment"] = "em"
-    expert: Literal["hops", "adaptive"] = "hops"
+    expert: Literal["hops", "adaptive", "hops-adaptive"] = "hops"
     curriculum: Literal["steps", "plateau"] = "steps"
     switch_step: int = 100
     ema_decay: float = 0.9
@@ -237,22 +240,26 @@ class WhenToSearch(SearchR1):
         )
 
     def expert_reader(self, question: Question) -> Callable[[list[dict[str, str]]], str] | None:
-        """The ``"adaptive"`` expert as a function of the conversation so far (see the module
-        docstring); ``None`` for the scripted ``"hops"`` expert.
+        """The ``"adaptive"`` and ``"hops-adaptive"`` experts as a function of the conversation so
+        far (see the module docstring); ``None`` for the scripted ``"hops"`` expert.
 
-        First turn: search the question's keywords. Each later turn: reflect on the gold hops
-        the last results added, then search the first gold hop not yet seen in any results (its
-        own query, once), else answer.
+        First turn: search the question's keywords (``"adaptive"``) or the first gold hop's own
+        query (``"hops-adaptive"``). Each later turn: reflect on the gold hops the last results
+        added, then search the first gold hop not yet seen in any results (its own query, once),
+        else answer.
         """
-        if self.config.expert != "adaptive":
-            return None
         cfg, hops = self.config, hops_for(question)
-        first = keyword_query(question.question, cfg.concise_max_words, cfg.question_words)
+        if cfg.expert == "hops" or (cfg.expert == "hops-adaptive" and not hops):
+            return None
+        if cfg.expert == "adaptive":
+            first = keyword_query(question.question, cfg.concise_max_words, cfg.question_words)
+        else:
+            first = hops[0].query
 
         def reply(messages: list[dict[str, str]]) -> str:
             results = [m["content"] for m in messages[2:] if m["role"] == "user"]
             if not results:
-                return expert_search(first, None)
+                return expert_search(first, hops[0] if cfg.expert == "hops-adaptive" else None)
             asked = [m["content"] for m in messages if m["role"] == "assistant"]
             searched = {q for text in asked for q in parse_tags(text, TAGS).contents("search")}
             seen_before = {h.title for h in hops for t in results[:-1] if lists_title(t, h.title)}

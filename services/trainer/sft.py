@@ -68,7 +68,7 @@ async def expert_episodes(
     retriever = AsyncRetrieverClient(retriever_url)
 
     async def one(i: int, q: Question) -> Episode:
-        # A recipe's adaptive expert reads the results (when-to-search's expert="adaptive").
+        # A recipe's adaptive expert reads the results (when-to-search's "adaptive" experts).
         reader = getattr(recipe, "expert_reader", lambda _: None)(q)
         chat = ExpertChat(reader or recipe.expert_segments(q, noise=noise, seed=seed + i))
         async with semaphore:

@@ -229,6 +229,33 @@ def test_adaptive_expert_searches_only_for_what_the_results_lack() -> None:
     assert reader(nothing + turn(text, "Other")).endswith(answer)
 
 
+def test_hops_adaptive_expert_starts_with_the_first_hop_and_stops_when_both_are_found() -> None:
+    from hoprl.data.synthetic import generate, hops_for
+
+    world = generate(seed=3, n_entities=80, n_train=40, n_dev=0, n_test=0, max_hops=2)["train"]
+    q = next(q for q in world if q.answers and len(hops_for(q)) == 2)
+    first, second = hops_for(q)
+    answer = f"<answer>{q.answers[0]}</answer>"
+    recipe = WhenToSearch(expert="hops-adaptive")
+    reader = recipe.expert_reader(q)
+    assert reader is not None
+    start = recipe.messages(q)
+    opening = reader(start)
+    assert opening == WhenToSearch().expert_segments(q)[0]  # the scripted expert's first search
+    assert opening.endswith(f"<search>{first.query}</search>")
+
+    # The first hop's query also listed the second hop's paragraph: one search, then the answer.
+    text = reader(start + turn(opening, first.title, second.title))
+    assert f"From {first.title}:" in text and f"From {second.title}:" in text
+    assert "<search>" not in text and text.endswith(answer) and well_formed(opening + text)
+
+    # It did not: search the second hop, as the scripted expert does.
+    only_first = start + turn(opening, first.title, "Other")
+    text = reader(only_first)
+    assert text.endswith(f"<search>{second.query}</search>")
+    assert reader(only_first + turn(text, second.title)).endswith(answer)
+
+
 def test_curriculum_by_step_count() -> None:
     c = Curriculum(mode="steps", switch_step=10)
     assert not c.update(9) and c.stage == 1
