@@ -194,6 +194,7 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         if k in ev:
             out[f"p_value EM {k} vs sft"] = paired_bootstrap(ev[k]["em"], ev["sft"]["em"]).p_value
     out["reward_curve"] = registry.metric_series(grpo_id, "reward")
+    out["search_curve"] = registry.metric_series(grpo_id, "searches")
     out["switch_step"] = args.switch_step
     return out
 
@@ -251,8 +252,9 @@ def arena(args: argparse.Namespace, registry: Registry, settings: TrainerSetting
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
-    """``result``'s training reward per GRPO step (the stage switch dashed, if any) beside each
-    evaluated model's dev EM and F1, with its retrievals per question; None without a curve."""
+    """``result``'s training reward per GRPO step (the stage switch dashed, if any; with the searches
+    per training episode where recorded) beside each evaluated model's dev EM and F1, with its
+    retrievals per question; None without a curve."""
     curve, table = result.get("reward_curve"), result.get("table")
     if not curve or not table:
         return None
@@ -264,6 +266,10 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         )
         left.legend(fontsize=8)
     left.set(xlabel="GRPO step", ylabel="training reward (mean of the batch)")
+    if result.get("search_curve"):  # sampled searches per episode (when-to-search's stage 2 lowers it)
+        searches = left.twinx()
+        searches.plot(*zip(*result["search_curve"], strict=True), marker=".", color="tab:green", linewidth=1)
+        searches.set_ylabel("searches per training episode", color="tab:green")
     names = [row["model"] for row in table]
     x = range(len(names))
     right.bar([i - 0.2 for i in x], [row["EM"] for row in table], width=0.4, label="EM")

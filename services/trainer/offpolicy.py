@@ -57,7 +57,13 @@ from services.trainer.ppo import (
     save_value_head,
 )
 from services.trainer.protocol import Hyperparameters, JobRequest
-from services.trainer.rollout import AgentRollout, RolloutOptions, TrainingEngine, generation_mode
+from services.trainer.rollout import (
+    AgentRollout,
+    RolloutOptions,
+    TrainingEngine,
+    episode_stats,
+    generation_mode,
+)
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -171,10 +177,8 @@ class OffPolicyTrainer:
         self.registry.write_episodes(
             self.run_id, step, episodes, [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
         )
-        timings = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
-        for key in ("retrieval", "generation"):
-            timings[f"{key}_s"] = mean([e.timings.get(key, 0.0) for e in episodes])
-        return episodes, timings
+        stats = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
+        return episodes, stats | episode_stats(episodes)
 
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         self.model.train()

@@ -115,6 +115,14 @@ def score(reward_funcs: Sequence[Any], weights: Sequence[float], episodes: list[
     return per, totals
 
 
+def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-episode means logged with each step: seconds spent retrieving and generating, and
+    ``searches`` (retrievals; when-to-search's stage 2 should lower it)."""
+    n = max(len(episodes), 1)
+    stats = {f"{k}_s": sum(e.timings.get(k, 0.0) for e in episodes) / n for k in ("retrieval", "generation")}
+    return stats | {"searches": sum(e.retrieval_count for e in episodes) / n}
+
+
 @dataclass
 class RolloutOptions:
     """How episodes are run; ``episode`` holds :class:`hoprl.agent.runner.RunOptions` fields."""
@@ -170,9 +178,7 @@ class AgentRollout:
         with generation_mode(model, self.opts.torch_threads):
             engine = self.engine_for(trainer)  # (the engine sets its thread count; restored after)
             episodes, questions, per, totals = asyncio.run(self.collect(groups, engine, trainer, weights))
-        self.timings = {"rollout_s": time.perf_counter() - start}
-        for key in ("retrieval", "generation"):
-            self.timings[f"{key}_s"] = sum(e.timings.get(key, 0.0) for e in episodes) / max(len(episodes), 1)
+        self.timings = {"rollout_s": time.perf_counter() - start, **episode_stats(episodes)}
         self.last_totals, self.last_episodes = totals, episodes
         if self.sink is not None:
             self.sink(trainer.state.global_step + 1, episodes, per, totals)

@@ -7,7 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+import matplotlib.colors
 import matplotlib.image
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +41,17 @@ def test_plot_draws_curve_and_table(bench: object, tmp_path: Path) -> None:
     image = matplotlib.image.imread(path)
     assert image.shape[:2] == (400, 1100)  # 11 x 4 inches at 100 dpi
     assert image.std() > 0.05  # not a blank canvas
+
+
+def test_plot_adds_the_searches_per_episode_where_recorded(bench: object, tmp_path: Path) -> None:
+    green = np.array(matplotlib.colors.to_rgb("tab:green"))
+
+    def green_pixels(result: dict[str, object]) -> int:
+        image = matplotlib.image.imread(bench.plot(result, tmp_path / "w.png"))  # type: ignore[attr-defined]
+        return int((np.abs(image[..., :3] - green).max(axis=-1) < 0.05).sum())
+
+    assert green_pixels(RESULT) == 0
+    assert green_pixels({**RESULT, "search_curve": [[1, 2.0], [2, 1.75], [3, 1.5], [4, 1.25]]}) > 100
 
 
 def test_plot_skips_results_without_a_curve(bench: object, tmp_path: Path) -> None:

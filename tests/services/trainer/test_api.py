@@ -74,7 +74,7 @@ def test_submit_poll_list_cancel(
         done = client.wait(first.id, timeout=300, poll=0.5)
         assert done.status == "succeeded", done.error
         assert done.step == 2 and [c.step for c in done.checkpoints] == [2]
-        assert {"reward", "loss", "rollout_s"} <= set(done.metrics)
+        assert {"reward", "loss", "rollout_s", "searches"} <= set(done.metrics)
         assert {j.id for j in client.list()} == {first.id, queued.id}
         assert [j.id for j in client.list(status="cancelled")] == [queued.id]
     with Registry(settings.database_url) as registry:

@@ -95,7 +95,8 @@ def test_ppo_job(env: Env, ppo_run: str, tiny_model: str) -> None:
     folders = check_job(env, ppo_run, tiny_model)
     assert all((f / VALUE_HEAD_FILE).is_file() for f in folders)
     registry = env[1]
-    assert {"loss", "pg_loss", "vf_loss", "reward", "rollout_s"} <= set(registry.latest_metrics(ppo_run))
+    logged = set(registry.latest_metrics(ppo_run))
+    assert {"loss", "pg_loss", "vf_loss", "reward", "rollout_s", "searches"} <= logged
     rows = registry.episodes(ppo_run, step=1)
     assert all("evo_rag" in r.trajectory["meta"] and "total" in r.rewards for r in rows)
 

@@ -1,0 +1,25 @@
+"""The per-step episode statistics the trainer logs beside reward and loss."""
+
+from __future__ import annotations
+
+import pytest
+
+from hoprl.agent.trajectory import Episode, Step
+from services.trainer.rollout import episode_stats
+
+
+def episode(searches: int, retrieval_s: float, generation_s: float) -> Episode:
+    search = {"action": "search", "text": "<search>q</search>", "queries": ["q"]}
+    steps = [Step(t=t, **search) for t in range(1, searches + 1)]
+    steps.append(Step(t=searches + 1, action="answer", text="<answer>a</answer>", answer="a"))
+    return Episode(recipe="when-to-search", question_id="q", question="?", steps=steps,
+                   timings={"retrieval": retrieval_s, "generation": generation_s})  # fmt: skip
+
+
+def test_episode_stats_are_means_over_the_episodes() -> None:
+    got = episode_stats([episode(2, 0.5, 3.0), episode(1, 0.25, 2.0), episode(0, 0.0, 1.0)])
+    assert got == pytest.approx({"retrieval_s": 0.25, "generation_s": 2.0, "searches": 1.0})
+
+
+def test_no_episodes_give_zeros_not_an_error() -> None:
+    assert episode_stats([]) == {"retrieval_s": 0.0, "generation_s": 0.0, "searches": 0.0}
