@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from hoprl.agent.trajectory import Episode, Step
+from hoprl.data.synthetic import Hop, generate, hops_for
 from hoprl.embedding import get_embedder
 from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import Curriculum, WhenToSearch, is_concise, keyword_query, well_formed
+from hoprl.schemas import Question
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme: founded by Jane Roe.\n</information>"
@@ -161,8 +163,6 @@ def test_config_constants_and_correct_metric() -> None:
 
 
 def test_expert_is_well_formed() -> None:
-    from hoprl.data.synthetic import generate
-
     q = next(q for q in generate(seed=3, n_entities=80, n_train=12, n_dev=0, n_test=0)["train"] if q.answers)
     assert well_formed(WhenToSearch().expert(q))
 
@@ -190,13 +190,16 @@ def turn(text: str, *titles: str) -> list[dict[str, str]]:
     ]
 
 
-def test_adaptive_expert_searches_only_for_what_the_results_lack() -> None:
-    from hoprl.data.synthetic import generate, hops_for
-
+def two_hop_question() -> tuple[Question, Hop, Hop, str]:
+    """A two-hop question of a small synthetic world, its hops and the expert's answer block."""
     world = generate(seed=3, n_entities=80, n_train=40, n_dev=0, n_test=0, max_hops=2)["train"]
     q = next(q for q in world if q.answers and len(hops_for(q)) == 2)
     first, second = hops_for(q)
-    answer = f"<answer>{q.answers[0]}</answer>"
+    return q, first, second, f"<answer>{q.answers[0]}</answer>"
+
+
+def test_adaptive_expert_searches_only_for_what_the_results_lack() -> None:
+    q, first, second, answer = two_hop_question()
     recipe = WhenToSearch(expert="adaptive")
     assert WhenToSearch().expert_reader(q) is None  # the scripted default
     reader = recipe.expert_reader(q)
@@ -230,12 +233,7 @@ def test_adaptive_expert_searches_only_for_what_the_results_lack() -> None:
 
 
 def test_hops_adaptive_expert_starts_with_the_first_hop_and_stops_when_both_are_found() -> None:
-    from hoprl.data.synthetic import generate, hops_for
-
-    world = generate(seed=3, n_entities=80, n_train=40, n_dev=0, n_test=0, max_hops=2)["train"]
-    q = next(q for q in world if q.answers and len(hops_for(q)) == 2)
-    first, second = hops_for(q)
-    answer = f"<answer>{q.answers[0]}</answer>"
+    q, first, second, answer = two_hop_question()
     recipe = WhenToSearch(expert="hops-adaptive")
     reader = recipe.expert_reader(q)
     assert reader is not None
