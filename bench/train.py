@@ -270,6 +270,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         searches = left.twinx()
         searches.plot(*zip(*result["search_curve"], strict=True), marker=".", color="tab:green", linewidth=1)
         searches.set_ylabel("searches per training episode", color="tab:green")
+        searches.set_ylim(bottom=0)
     names = [row["model"] for row in table]
     x = range(len(names))
     right.bar([i - 0.2 for i in x], [row["EM"] for row in table], width=0.4, label="EM")
