@@ -251,15 +251,14 @@ class WhenToSearch(SearchR1):
         cfg, hops = self.config, hops_for(question)
         if cfg.expert == "hops" or (cfg.expert == "hops-adaptive" and not hops):
             return None
-        if cfg.expert == "adaptive":
-            first = keyword_query(question.question, cfg.concise_max_words, cfg.question_words)
-        else:
-            first = hops[0].query
+        first_hop = hops[0] if cfg.expert == "hops-adaptive" else None
+        first = first_hop.query if first_hop else keyword_query(question.question, cfg.concise_max_words,
+                                                                  cfg.question_words)  # fmt: skip
 
         def reply(messages: list[dict[str, str]]) -> str:
             results = [m["content"] for m in messages[2:] if m["role"] == "user"]
             if not results:
-                return expert_search(first, hops[0] if cfg.expert == "hops-adaptive" else None)
+                return expert_search(first, first_hop)
             asked = [m["content"] for m in messages if m["role"] == "assistant"]
             searched = {q for text in asked for q in parse_tags(text, TAGS).contents("search")}
             seen_before = {h.title for h in hops for t in results[:-1] if lists_title(t, h.title)}

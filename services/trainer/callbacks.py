@@ -3,8 +3,8 @@
 :class:`RunCallback` is one ``TrainerCallback`` per job:
 
 - **metrics**: every ``on_log`` (one per step) goes to the registry at the step, with the
-  rollout's timings (``rollout_s``, mean ``retrieval_s`` / ``generation_s`` per episode) and
-  dynamic-sampling counts; a tqdm bar in the log shows reward, loss and step time.
+  rollout's step statistics (``rollout_s``; per-episode means ``retrieval_s``, ``generation_s``
+  and ``searches``) and dynamic-sampling counts; a tqdm bar in the log shows reward, loss and step time.
 - **curricula** (:class:`Curricula`): when-to-search's stage 1 -> 2 is checked every step
   (by step count or a plateau of the mean training reward); EVO-RAG's Discovery -> Refinement is
   checked at every checkpoint on a dev split (its mean episode return). A switch is recorded in
@@ -153,7 +153,7 @@ class RunCallback(TrainerCallback):
         if "train_runtime" in metrics:  # the end-of-training summary, not a step
             return
         if self.rollout is not None:
-            metrics.update(self.rollout.timings)
+            metrics.update(self.rollout.step_stats)
             metrics.update({f"dynamic/{k}": float(v) for k, v in self.rollout.counts.items()})
         metrics["step"] = float(state.global_step)
         self.registry.log_metrics(self.run_id, state.global_step, metrics)

@@ -155,7 +155,7 @@ class AgentRollout:
         self.rng = random.Random(opts.seed)
         self.reward_funcs = recipe.reward_funcs()
         self.engine: TrainingEngine | None = None
-        self.timings: dict[str, float] = {}
+        self.step_stats: dict[str, float] = {}  # rollout_s and episode_stats() of the last step
         self.counts: dict[str, int] = {}
         self.last_totals: list[float] = []
         self.last_episodes: list[Episode] = []
@@ -178,7 +178,7 @@ class AgentRollout:
         with generation_mode(model, self.opts.torch_threads):
             engine = self.engine_for(trainer)  # (the engine sets its thread count; restored after)
             episodes, questions, per, totals = asyncio.run(self.collect(groups, engine, trainer, weights))
-        self.timings = {"rollout_s": time.perf_counter() - start, **episode_stats(episodes)}
+        self.step_stats = {"rollout_s": time.perf_counter() - start, **episode_stats(episodes)}
         self.last_totals, self.last_episodes = totals, episodes
         if self.sink is not None:
             self.sink(trainer.state.global_step + 1, episodes, per, totals)
