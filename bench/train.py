@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import matplotlib
 import torch
@@ -57,7 +57,7 @@ from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
 from services.trainer.hardware import bf16_mixed_precision
 from services.trainer.jobs import checkpoint_of, ensure_collection, run_job, submit
-from services.trainer.protocol import Hyperparameters, JobRequest
+from services.trainer.protocol import Hyperparameters, JobRequest, LrScheduler
 from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger("bench.train")
@@ -176,6 +176,7 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         save_steps=args.switch_step,
         token_budget=args.tokens * args.turns * 4,
         learning_rate=args.lr,
+        lr_scheduler=args.lr_scheduler,
         beta=args.beta,
         temperature=args.temperature,
         scale_rewards=args.scale_rewards,
@@ -304,6 +305,12 @@ def main() -> None:
     p.add_argument("--dataset", default="synthetic", help="step-time, when-to-search: the dataset spec")
     p.add_argument("--objective", default="dapo", help="when-to-search: the RL objective")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (unset: the trainer default)")
+    p.add_argument(
+        "--lr-scheduler",
+        default=Hyperparameters.model_fields["lr_scheduler"].default,
+        choices=get_args(LrScheduler),
+        help="when-to-search: the RL learning-rate schedule (linear: decay to 0 over the steps)",
+    )
     p.add_argument(
         "--beta", type=float, default=None, help="when-to-search: KL coefficient (unset: the recipe's, 0)"
     )

@@ -106,6 +106,7 @@ def grpo_config(
         reward_weights=reward_weights,
         max_steps=steps,
         learning_rate=hp.learning_rate or 1e-5,
+        lr_scheduler_type=hp.lr_scheduler,
         per_device_train_batch_size=hp.questions_per_step * hp.num_generations,
         num_generations=hp.num_generations,
         gradient_accumulation_steps=1,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+LrScheduler = Literal["linear", "constant", "cosine"]  # transformers' SchedulerType names
 
 #: per-recipe defaults from the papers, applied to hyperparameters the request leaves unset
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -33,6 +34,12 @@ class Hyperparameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     learning_rate: float | None = Field(None, gt=0, description="default 1e-5 (RL), 3e-4 (SFT)")
+    lr_scheduler: LrScheduler = Field(
+        "linear",
+        description="the TRL trainers' schedule (GRPO / DAPO / Dr. GRPO, SFT): linear decay to 0 over the "
+        "steps (transformers' default), constant, or cosine; the project's own loops (PPO / DPO, R2AG's "
+        "rounds) keep their rate constant",
+    )
     questions_per_step: int = Field(2, ge=1, le=256, description="GRPO groups per optimizer step")
     num_generations: int = Field(4, ge=2, le=64, description="samples per question (the group size)")
     beta: float | None = Field(None, ge=0, description="KL coefficient; 0 = no KL and no reference model")

@@ -111,6 +111,7 @@ def sft_config(hp: Hyperparameters, steps: int | None, output_dir: str, seed: in
         # A warm start sees a few dozen to a few hundred expert episodes: at 3e-4, SmolLM2-135M's
         # loss fell from 1.48 to 0.10 in 8 steps of 4 and dev EM from 0 to 25 in 16 (synthetic).
         learning_rate=hp.learning_rate or 3e-4,
+        lr_scheduler_type=hp.lr_scheduler,
         per_device_train_batch_size=hp.questions_per_step,
         completion_only_loss=True,
         max_length=None,

@@ -103,6 +103,24 @@ def test_reward_scaling_follows_the_objective(
     assert grpo_config(hp, objective, steps=1, output_dir=str(tmp_path), seed=0).scale_rewards == expected
 
 
+@pytest.mark.parametrize(("schedule", "decays"), [("linear", True), ("constant", False)])
+def test_the_learning_rate_schedule_reaches_trl(
+    schedule: str, decays: bool, tiny_model: str, retriever_url: str, collection: str,
+    synthetic: dict[str, list[Question]], tmp_path: Path,
+) -> None:  # fmt: skip
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
+                           steps=4, lr_scheduler=schedule)  # fmt: skip
+    trainer.create_optimizer_and_scheduler(num_training_steps=4)
+    rates = []
+    for _ in range(3):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    assert rates[0] == pytest.approx(1e-2)
+    assert rates == (sorted(rates, reverse=True) if decays else [rates[0]] * 3), rates
+    assert (rates[-1] < rates[0]) is decays, rates
+
+
 def test_k2_values() -> None:
     logps = torch.tensor([[-1.0, -2.0, -0.5]])
     ref = torch.tensor([[-3.0, -2.0, -0.5]])

@@ -64,3 +64,10 @@ def test_sft_lowers_loss(tiny_model: str, retriever_url: str, collection: str,
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 6 and losses[-1] < 0.85 * losses[0]
+
+
+def test_sft_takes_the_schedule(tmp_path: Path) -> None:
+    for schedule in ("constant", "cosine", "linear"):
+        hp = Hyperparameters(lr_scheduler=schedule)  # type: ignore[arg-type]
+        assert sft_config(hp, steps=2, output_dir=str(tmp_path), seed=0).lr_scheduler_type == schedule
+    assert Hyperparameters().lr_scheduler == "linear"  # transformers' default, as before
