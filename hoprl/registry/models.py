@@ -38,6 +38,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+#: who owns a run: the trainer service (one of its jobs) or a flow (a pipeline run)
+RunKind = Literal["job", "pipeline"]
+RUN_KINDS: tuple[str, ...] = get_args(RunKind)
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -100,12 +103,18 @@ class IndexRow(Base):
 
 
 class RunRow(Base):
-    """One job: recipe x objective x model with its full config, seed and code version."""
+    """One run: recipe x objective x model with its full config, seed and code version.
+
+    ``kind`` says who owns it: ``job`` rows are the trainer service's (its queue launches queued
+    jobs and resumes running ones), ``pipeline`` rows are a flow's (the trainer never touches them).
+    """
 
     __tablename__ = "runs"
     __table_args__ = (
         CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", "status"),
+        CheckConstraint("kind IN ('job', 'pipeline')", "kind"),
         Index(None, "status", "created_at"),
+        Index(None, "kind", "status"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -116,6 +125,7 @@ class RunRow(Base):
     seed: Mapped[int] = mapped_column(Integer)
     code_version: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), default="queued")
+    kind: Mapped[str] = mapped_column(String(16), server_default="pipeline")
     created_at: Mapped[datetime] = _created()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

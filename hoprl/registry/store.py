@@ -32,6 +32,7 @@ from hoprl.agent.trajectory import Episode
 from hoprl.metrics.stats import BootstrapResult, paired_bootstrap
 from hoprl.registry.migrate import migrate
 from hoprl.registry.models import (
+    RUN_KINDS,
     RUN_STATUSES,
     TERMINAL_STATUSES,
     Base,
@@ -42,6 +43,7 @@ from hoprl.registry.models import (
     IndexRow,
     MetricRow,
     PredictionRow,
+    RunKind,
     RunRow,
     RunStatus,
     StageRow,
@@ -154,11 +156,15 @@ class Registry:
         seed: int,
         code_version: str | None = None,
         prefect_flow_run_id: str | None = None,
+        kind: RunKind = "pipeline",
     ) -> RunRow:
         """Create a queued run, or return the run that already has this id (unchanged).
 
         ``code_version`` defaults to :func:`current_code_version` (git sha, else the package version).
+        ``kind`` is ``job`` for the trainer service's jobs (its queue launches those alone).
         """
+        if kind not in RUN_KINDS:
+            raise ValueError(f"unknown run kind {kind!r}; valid: {', '.join(RUN_KINDS)}")
         values = {
             "id": run_id,
             "recipe": recipe,
@@ -169,6 +175,7 @@ class Registry:
             "code_version": code_version or current_code_version(),
             "status": "queued",
             "prefect_flow_run_id": prefect_flow_run_id,
+            "kind": kind,
         }
         with self.session() as s:
             s.execute(self._insert(RunRow).values(values).on_conflict_do_nothing())
@@ -194,12 +201,18 @@ class Registry:
             return s.get(RunRow, run_id)
 
     def list_runs(
-        self, status: RunStatus | None = None, recipe: str | None = None, limit: int = 100
+        self,
+        status: RunStatus | None = None,
+        recipe: str | None = None,
+        limit: int = 100,
+        kind: RunKind | None = None,
     ) -> list[RunRow]:
-        """Runs, newest first, optionally filtered by status and recipe."""
+        """Runs, newest first, optionally filtered by status, recipe and kind."""
         query = select(RunRow).order_by(RunRow.created_at.desc(), RunRow.id).limit(limit)
         if status is not None:
             query = query.where(RunRow.status == status)
+        if kind is not None:
+            query = query.where(RunRow.kind == kind)
         if recipe is not None:
             query = query.where(RunRow.recipe == recipe)
         with self.session() as s:

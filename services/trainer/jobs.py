@@ -60,7 +60,7 @@ def submit(registry: Registry, request: JobRequest) -> RunRow:
     config = {"request": request.model_dump(mode="json"), "hyperparameters": hp.model_dump(mode="json")}
     return registry.create_run(f"job-{uuid.uuid4().hex[:12]}", recipe=request.recipe,
                                objective=request.objective, model=request.model or "default",
-                               config=config, seed=request.seed)  # fmt: skip
+                               config=config, seed=request.seed, kind="job")  # fmt: skip
 
 
 def load_splits(request: JobRequest, hp: Hyperparameters) -> tuple[list[Question], list[Question]]:

@@ -58,7 +58,7 @@ class JobQueue:
         self.thread = threading.Thread(target=self._loop, name="hoprl-trainer-queue", daemon=True)
 
     def start(self) -> None:
-        for run in self.registry.list_runs(status="running", limit=1000):
+        for run in self.registry.list_runs(status="running", limit=1000, kind="job"):
             pid = self._pid(run.id)
             if pid is not None and alive(pid) and self.current is None:
                 log.info("adopting run %s (worker pid %d still alive)", run.id, pid)
@@ -86,7 +86,7 @@ class JobQueue:
             if self.current is not None and not self._finished():
                 return
             self.current = None
-            queued = self.registry.list_runs(status="queued", limit=1000)
+            queued = self.registry.list_runs(status="queued", limit=1000, kind="job")
             if queued:
                 self._launch(min(queued, key=lambda r: r.created_at).id)
 

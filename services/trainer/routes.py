@@ -66,7 +66,7 @@ def get_job(job_id: JobId, request: Request) -> Job:
     """Status, step, latest metrics, checkpoints and curriculum stage of one job."""
     registry = _registry(request)
     run = registry.get_run(job_id)
-    if run is None or "request" not in (run.config or {}):
+    if run is None or run.kind != "job":
         raise ApiError(404, "job_not_found", f"no job {job_id!r}; GET /v1/jobs lists them")
     return job_view(run, registry)
 
@@ -79,8 +79,7 @@ def list_jobs(
 ) -> list[Job]:
     """Jobs, newest first."""
     registry = _registry(request)
-    runs = registry.list_runs(status=status, limit=limit)
-    return [job_view(r, registry) for r in runs if "request" in (r.config or {})]
+    return [job_view(r, registry) for r in registry.list_runs(status=status, limit=limit, kind="job")]
 
 
 @router.post("/v1/jobs/{job_id}/cancel", operation_id="cancel_job")
@@ -88,7 +87,7 @@ def cancel_job(job_id: JobId, request: Request) -> Job:
     """Cancel a queued job, or stop the running one (its checkpoints stay)."""
     registry = _registry(request)
     run = registry.get_run(job_id)
-    if run is None:
+    if run is None or run.kind != "job":
         raise ApiError(404, "job_not_found", f"no job {job_id!r}; GET /v1/jobs lists them")
     if not _queue(request).cancel(job_id):
         raise ApiError(409, "job_finished", f"job {job_id!r} is already {run.status}; nothing to cancel")

@@ -295,10 +295,11 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
                    "HOPRL_JUDGE_URL": urls.judge, "HOPRL_TRAINER_URL": urls.trainer}  # fmt: skip
     with TrainerClient(urls.trainer) as client:
         jobs_before = {j.id for j in client.list()}
+        flow_log = (env / "killed-flow.log").open("w")
         flow = subprocess.Popen(
             [sys.executable, "-c", "import json, sys\nfrom flows.pipeline import pipeline\n"
              "pipeline(**json.loads(sys.argv[1]))", json.dumps(args)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=ROOT, stdout=flow_log, stderr=subprocess.STDOUT,
             env={**os.environ, **service_env, "HOPRL_CELERY_EAGER": "1",
                  "PREFECT_API_URL": str(PREFECT_API_URL.value())},
         )  # fmt: skip
@@ -311,8 +312,13 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
         finally:
             flow.kill()
             flow.wait()
+            flow_log.close()
+        run = registry().get_run(run_id)
+        assert run is not None and run.status == "running", (  # as the kill left it
+            f"the flow ended {run.status if run else None} before the kill: {run.error if run else None}\n"
+            + (env / "killed-flow.log").read_text()[-4000:]
+        )
         reg = registry()
-        assert reg.get_run(run_id).status == "running"  # type: ignore[union-attr]  # as the kill left it
         with pytest.MonkeyPatch.context() as mp:
             for name, value in service_env.items():
                 mp.setenv(name, value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Integer, MetaData, create_engine, inspect
+from sqlalchemy import Column, Integer, MetaData, create_engine, inspect, text
 from sqlalchemy.engine import URL, make_url
 
 import hoprl.registry
@@ -23,6 +24,7 @@ from hoprl.registry.models import Base
 from .conftest import BACKENDS, fresh_database
 
 pytestmark = pytest.mark.timeout(120)
+HEAD = "0002"
 
 
 @pytest.fixture(params=BACKENDS)
@@ -55,15 +57,15 @@ def current_revision(url: URL) -> str | None:
 def test_scripts_ship_inside_the_package() -> None:
     location = Path(alembic_config().get_main_option("script_location") or "")
     assert location.is_relative_to(Path(hoprl.registry.__file__).parent)
-    assert ScriptDirectory.from_config(alembic_config()).get_heads() == ["0001"]
+    assert ScriptDirectory.from_config(alembic_config()).get_heads() == [HEAD]
 
 
 def test_migrated_schema_matches_the_models(empty_url: URL) -> None:
     migrate(empty_url)
-    assert current_revision(empty_url) == "0001"
+    assert current_revision(empty_url) == HEAD
     assert schema_diff(empty_url) == []
     migrate(empty_url)  # at head already: a no-op
-    assert current_revision(empty_url) == "0001"
+    assert current_revision(empty_url) == HEAD
 
 
 def test_the_comparison_would_see_a_difference(empty_url: URL) -> None:
@@ -84,6 +86,23 @@ def test_downgrade_to_base_and_back(empty_url: URL) -> None:
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     engine.dispose()
     migrate(empty_url)
+    assert schema_diff(empty_url) == []
+
+
+def test_0002_classifies_existing_runs_by_their_ids(empty_url: URL) -> None:
+    """A registry made at 0001 upgrades in place: the trainer's ``job-`` rows become jobs."""
+    migrate(empty_url, "0001")
+    engine = create_engine(empty_url)
+    row = "INSERT INTO runs (id, recipe, objective, model, config, seed, code_version, status, created_at) "
+    with engine.begin() as conn:
+        for run_id in ("job-0123abcd", "when-to-search-1a2b", "my-job"):
+            conn.execute(text(row + "VALUES (:id, 'arena', 'grpo', 'm', '{}', 0, 'v', 'running', :now)"),
+                         {"id": run_id, "now": datetime.now(UTC)})  # fmt: skip
+    migrate(empty_url)
+    with engine.connect() as conn:
+        kinds = dict(conn.execute(text("SELECT id, kind FROM runs")).all())
+    engine.dispose()
+    assert kinds == {"job-0123abcd": "job", "when-to-search-1a2b": "pipeline", "my-job": "pipeline"}
     assert schema_diff(empty_url) == []
 
 

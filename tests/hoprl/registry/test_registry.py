@@ -73,6 +73,17 @@ def test_list_runs_filters(registry: Registry) -> None:
     assert [r.id for r in registry.list_runs(recipe="arena")] == ["a"]
 
 
+def test_runs_have_a_kind(registry: Registry) -> None:
+    """Trainer jobs and pipeline runs share the table; the trainer's queue lists its own alone."""
+    make_run(registry, "pipe")
+    job = registry.create_run("job-1", "arena", "grpo", "m", config={}, seed=0, kind="job")
+    assert (registry.get_run("pipe").kind, job.kind) == ("pipeline", "job")  # type: ignore[union-attr]
+    assert [r.id for r in registry.list_runs(kind="job")] == ["job-1"]
+    assert [r.id for r in registry.list_runs(kind="pipeline", status="queued")] == ["pipe"]
+    with pytest.raises(ValueError, match="valid: job, pipeline"):
+        registry.create_run("x", "arena", "grpo", "m", config={}, seed=0, kind="flow")  # type: ignore[arg-type]
+
+
 def test_datasets_and_indexes_are_idempotent(registry: Registry) -> None:
     ds = registry.register_dataset("hotpotqa", "../shared/data/hotpotqa_dev.jsonl", "abc", {"dev": 500})
     assert registry.register_dataset("hotpotqa", "elsewhere", "abc", {"dev": 1}).id == ds.id

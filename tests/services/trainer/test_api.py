@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -46,6 +47,7 @@ def test_bad_input_is_4xx_json(settings: TrainerSettings) -> None:
             ({"recipe": "nope"}, 422, "unknown_recipe"),
             ({"recipe": "search-r1", "hyperparameters": {"lr": 1}}, 422, "invalid_request"),
             ({"recipe": "search-r1", "objective": "a2c"}, 422, "invalid_request"),
+            ({"recipe": "search-r1", "hyperparameters": {"lr_scheduler": "step"}}, 422, "invalid_request"),
             ({"recipe": "search-r1", "steps": 0}, 422, "invalid_request"),
             ({"recipe": "search-r1", "resume_from": "job-missing"}, 404, "job_not_found"),
         ]
@@ -92,3 +94,25 @@ def test_job_survives_service_restart(settings: TrainerSettings, tiny_model: str
         done = client.wait(created.id, timeout=300, poll=0.5)
         assert done.status == "succeeded", done.error
         assert done.step == 2
+
+
+def test_pipeline_runs_are_never_taken_for_jobs(settings: TrainerSettings) -> None:
+    """A flow's runs share the runs table: the queue neither launches a queued one nor re-queues a
+    running one at start, and the jobs API does not show them."""
+    with Registry(settings.database_url) as registry:
+        for run_id, status in (("pipe-queued", "queued"), ("pipe-running", "running")):
+            registry.create_run(run_id, recipe="search-r1", objective="grpo", model="m", config={}, seed=0)
+            registry.set_run_status(run_id, status)  # type: ignore[arg-type]
+        with LocalServer(create_app(settings)) as server:
+            http = httpx.Client(base_url=server.url)
+            for _ in range(10):  # the queue ticks every 0.2 s
+                assert http.get("/v1/jobs").json() == []
+                time.sleep(0.2)
+            for run_id in ("pipe-queued", "pipe-running"):
+                assert http.get(f"/v1/jobs/{run_id}").json()["error"] == "job_not_found"
+                assert http.post(f"/v1/jobs/{run_id}/cancel").status_code == 404
+        assert [(r.id, r.status, r.kind) for r in sorted(registry.list_runs(), key=lambda r: r.id)] == [
+            ("pipe-queued", "queued", "pipeline"),
+            ("pipe-running", "running", "pipeline"),
+        ]
+        assert not (settings.runs_dir / "pipe-queued").exists()  # no worker was started for it
