@@ -41,7 +41,6 @@ matplotlib.use("Agg")  # files only
 
 import matplotlib.pyplot as plt
 
-from hoprl.agent.runner import run_episodes
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.data.jsonl import write_questions
 from hoprl.data.sources import load
@@ -51,7 +50,7 @@ from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from services.local import LocalServer
-from services.policy.agent import EngineChat
+from services.policy.agent import lockstep_episodes
 from services.policy.engines import TransformersEngine
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
@@ -77,16 +76,17 @@ def train(registry: Registry, settings: TrainerSettings, request: JobRequest) ->
 def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_url: str, collection: str,
              recipe_config: dict[str, Any], max_turns: int, tokens: int) -> dict[str, Any]:  # fmt: skip
     """Greedy episodes of checkpoint ``path``: per-question EM, F1 and retrieval count. Decoding
-    autocasts to bf16 where training does (:func:`bf16_mixed_precision`)."""
+    autocasts to bf16 where training does (:func:`bf16_mixed_precision`) and runs in lock-step
+    rounds (:func:`lockstep_episodes`), so a checkpoint scores the same in every process."""
     engine = TransformersEngine(path, threads=1, autocast=bf16_mixed_precision())
     recipe = get_recipe(recipe_name, **recipe_config)
 
     async def run() -> list[Any]:
         retriever = AsyncRetrieverClient(retriever_url)
         try:
-            return await run_episodes(recipe, questions, EngineChat(engine), retriever, collection,
-                                      max_steps=max_turns, max_new_tokens_per_step=tokens,
-                                      token_budget=4 * tokens * max_turns, temperature=0.0)  # fmt: skip
+            return await lockstep_episodes(recipe, questions, engine, retriever, collection,
+                                           max_steps=max_turns, max_new_tokens_per_step=tokens,
+                                           token_budget=4 * tokens * max_turns, temperature=0.0)  # fmt: skip
         finally:
             await retriever.aclose()
 
@@ -102,10 +102,11 @@ def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_u
 def evaluate_once(out: Path, path: str, recipe: str, questions: list[Question], *rest: Any) -> dict[str, Any]:
     """:func:`evaluate` (``rest``: its arguments after ``questions``), kept under ``<out>/evals`` so
     that later campaigns of the same ``--out`` reuse a checkpoint's scores on the same questions
-    and settings. Greedy decoding makes them nearly, not exactly, repeatable: the engine batches
-    concurrent episodes as they arrive, and padding can flip a near-tie (the same SFT checkpoint
-    scored 24 and 23 EM on 100 questions in two processes)."""
+    and settings. Lock-step decoding makes them exactly repeatable; scores cached before it (the
+    engine batched episodes as they arrived, and padding flipped near-ties: the same SFT checkpoint
+    scored 24 and 23 EM on 100 questions in two processes) have other keys and are not reused."""
     key = json.dumps([path, recipe, [q.id for q in questions], *rest[2:]])  # not the URL or collection
+    key += " lockstep"
     if bf16_mixed_precision():  # (so fp32 scores cached by earlier versions keep their keys)
         key += " bf16"
     cache = out / "evals" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"

@@ -42,6 +42,25 @@ from services.policy.settings import PolicySettings
 T = TypeVar("T")
 
 
+def completions(gens: list[Generation], stop: list[str], logprobs: bool) -> list[Completion]:
+    """One prompt's generations as LLMClient's completions (stop text restored by its rule)."""
+    usage = {"prompt_tokens": gens[0].prompt_tokens, "completion_tokens": sum(len(g.token_ids) for g in gens)}
+    out = []
+    for g in gens:
+        appended = restore_stop(g.text, g.finish_reason, g.stop_reason, stop)
+        lps = list(zip(g.tokens, g.logprobs, strict=True)) if logprobs and g.logprobs else None
+        out.append(Completion(g.text + (appended or ""), g.finish_reason, appended, lps, usage))
+    return out
+
+
+def sampling_params(
+    stop: list[str], max_tokens: int, temperature: float, top_p: float, seed: int | None, n: int,
+    logprobs: bool, deadline: float | None = None,
+) -> SamplingParams:  # fmt: skip
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=n, stop=tuple(stop),
+                          seed=seed, logprobs=logprobs, deadline=deadline)  # fmt: skip
+
+
 class EngineChat:
     """``await EngineChat(engine).chat(messages, stop=[...])``: LLMClient's ``chat`` on the local engine.
 
@@ -69,22 +88,133 @@ class EngineChat:
         logprobs: bool = False,
     ) -> list[Completion]:
         stop = list(stop or [])
-        params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=n, stop=tuple(stop),
-            seed=seed, logprobs=logprobs or self.logprobs, deadline=self.deadline,
-        )  # fmt: skip
+        params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs or self.logprobs,
+                                 self.deadline)  # fmt: skip
         (gens,) = await run_in_threadpool(self.engine.generate, [messages], params)
-        usage = {
-            "prompt_tokens": gens[0].prompt_tokens,
-            "completion_tokens": sum(len(g.token_ids) for g in gens),
-        }
-        out = []
-        for g in gens:
-            appended = restore_stop(g.text, g.finish_reason, g.stop_reason, stop)
-            lps = list(zip(g.tokens, g.logprobs, strict=True)) if logprobs and g.logprobs else None
-            out.append(Completion(g.text + (appended or ""), g.finish_reason, appended, lps, usage))
         self.calls.extend(gens)
-        return out
+        return completions(gens, stop, logprobs)
+
+
+Messages = list[dict[str, str]]
+_Ask = tuple[Messages, SamplingParams, "asyncio.Future[list[Generation]]"]
+
+
+class Lockstep:
+    """The model calls of a fixed set of concurrent episodes, decoded in rounds in episode order.
+
+    A round waits until every live episode has asked for its next turn (or ended), then decodes
+    all those asks, sorted by episode index, with one engine call per set of sampling parameters.
+    Which prompts share a batch then depends on the episodes alone, never on timing (retrieval
+    latency, thread scheduling), so greedy decoding is exactly repeatable. The engine's own
+    first-come batching is not: padding to another batch's width changes the rounding, which
+    flips near-ties (5 of 100 greedy dev answers differed between two processes).
+
+        rounds = Lockstep(engine, len(questions))
+        episodes = await asyncio.gather(*(
+            rounds.run(i, run_episode(recipe, q, rounds.chat(i), retriever, collection))
+            for i, q in enumerate(questions)
+        ))
+    """
+
+    def __init__(self, engine: Engine, episodes: int) -> None:
+        self.engine = engine
+        self.live = set(range(episodes))
+        self.asks: dict[int, _Ask] = {}
+        self.rounds: list[list[int]] = []  # the episodes decoded in each round, in order
+        self.decoding: asyncio.Task[None] | None = None
+
+    def chat(self, episode: int) -> _LockstepChat:
+        """Episode ``episode``'s model: a ChatModel whose calls wait for their round."""
+        return _LockstepChat(self, episode)
+
+    async def run(self, episode: int, work: Awaitable[T]) -> T:
+        """Await ``work`` (the episode); when it ends, however, later rounds stop waiting for it."""
+        try:
+            return await work
+        finally:
+            self.live.discard(episode)
+            self._maybe_start()
+
+    async def ask(self, episode: int, messages: Messages, params: SamplingParams) -> list[Generation]:
+        future: asyncio.Future[list[Generation]] = asyncio.get_running_loop().create_future()
+        self.asks[episode] = (messages, params, future)
+        self._maybe_start()
+        return await future
+
+    def _maybe_start(self) -> None:
+        if self.asks and len(self.asks) >= len(self.live) and self.decoding is None:
+            asks, self.asks = sorted(self.asks.items()), {}
+            self.rounds.append([i for i, _ in asks])
+            self.decoding = asyncio.get_running_loop().create_task(self._decode(asks))
+
+    async def _decode(self, asks: list[tuple[int, _Ask]]) -> None:
+        try:
+            await self._decode_groups(asks)
+        finally:
+            self.decoding = None
+            self._maybe_start()  # the episodes that asked again while this round decoded
+
+    async def _decode_groups(self, asks: list[tuple[int, _Ask]]) -> None:
+        groups: dict[SamplingParams, list[tuple[Messages, asyncio.Future[list[Generation]]]]] = {}
+        for _, (messages, params, future) in asks:
+            groups.setdefault(params, []).append((messages, future))
+        for params, group in groups.items():
+            try:
+                results = await run_in_threadpool(self.engine.generate, [m for m, _ in group], params)
+            except Exception:  # one bad prompt (too long, empty) must not fail its round-mates
+                results = None
+            for k, (messages, future) in enumerate(group):
+                if results is not None:
+                    future.set_result(results[k])
+                    continue
+                try:  # alone, in order: still independent of timing
+                    (gens,) = await run_in_threadpool(self.engine.generate, [messages], params)
+                    future.set_result(gens)
+                except Exception as exc:
+                    future.set_exception(exc)
+
+
+async def lockstep_episodes(
+    recipe: Any,
+    questions: list[Question],
+    engine: Engine,
+    retriever: AsyncRetrieverClient,
+    collection: str,
+    **options: Any,
+) -> list[Episode]:
+    """One episode per question, all at once, decoded in :class:`Lockstep` rounds (``options``:
+    :func:`hoprl.agent.runner.run_episode`'s): with ``temperature=0`` the same checkpoint gives
+    the same episodes in any process, whatever the retriever's latency."""
+    rounds = Lockstep(engine, len(questions))
+    return list(
+        await asyncio.gather(*(
+            rounds.run(i, run_episode(recipe, q, rounds.chat(i), retriever, collection, **options))
+            for i, q in enumerate(questions)
+        ))
+    )  # fmt: skip
+
+
+class _LockstepChat:
+    """One episode's view of a :class:`Lockstep` (the runner's ChatModel)."""
+
+    def __init__(self, rounds: Lockstep, episode: int) -> None:
+        self.rounds, self.episode = rounds, episode
+
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        stop: list[str] | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        n: int = 1,
+        logprobs: bool = False,
+    ) -> list[Completion]:
+        stop = list(stop or [])
+        params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs)
+        return completions(await self.rounds.ask(self.episode, messages, params), stop, logprobs)
 
 
 class Policy:

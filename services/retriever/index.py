@@ -25,6 +25,8 @@ from services.retriever.store import (
 )
 
 log = logging.getLogger("hoprl.retriever")
+#: points fetched beyond ``top_k``, so that a tie at the cut is broken by doc id, not by the engine
+TIE_MARGIN = 8
 
 
 class CollectionNotFound(LookupError):
@@ -168,16 +170,32 @@ class HybridIndex:
             rounds.append(Query(prefetches, request.top_k, s.rrf_k, weights, request.filter))
         feedback = request.feedback if request.feedback is not None else s.feedback
         if request.mode == "hybrid" and feedback:
-            firsts = self.store.query(request.collection, [replace(q, limit=1) for q in rounds])
+            firsts = self._query(request.collection, [replace(q, limit=1) for q in rounds])
             for text, query, first in zip(request.queries, rounds, firsts, strict=True):
                 if first:
                     expanded = bm25.query(f"{text} {first[0].payload['text']}")
                     query.prefetches += [Prefetch(TITLE, expanded, depth), Prefetch(SPARSE, expanded, depth)]
                     query.weights += [s.weight_feedback_title, s.weight_feedback_sparse]
-        results = self.store.query(request.collection, rounds)
+        results = self._query(request.collection, rounds)
         took = (time.perf_counter() - start) * 1000
         hits = [[_hit(r, rank) for rank, r in enumerate(rows, start=1)] for rows in results]
         return SearchResponse(collection=request.collection, mode=request.mode, results=hits, took_ms=took)
+
+    def _query(self, name: str, queries: list[Query]) -> list[list[ScoredPayload]]:
+        """The store's results, equal scores ordered by doc id.
+
+        Qdrant's RRF returns points with equal fused scores (one ranked 1st by dense and 2nd by
+        BM25, another the other way round: common on short queries) in an arbitrary order that
+        changes from call to call. That made the same search return different orders, and through
+        the feedback round (which expands with the first hit) different scores and documents. So
+        ``TIE_MARGIN`` more points are fetched, sorted by (score, doc id), and cut.
+        """
+        wider = [replace(q, limit=q.limit + TIE_MARGIN) for q in queries]
+        results = self.store.query(name, wider)
+        return [
+            sorted(rows, key=lambda r: (-r.score, r.payload["doc_id"]))[: q.limit]
+            for q, rows in zip(queries, results, strict=True)
+        ]
 
     def _dense(self, request: SearchRequest) -> list[list[float] | None]:
         if request.mode == "sparse":

@@ -85,6 +85,22 @@ def test_feedback_round_finds_the_bridge_entity(service: str) -> None:
     assert rank[True].index("korvan") < rank[False].index("korvan")
 
 
+@pytest.mark.parametrize("feedback", [False, True])
+def test_equal_scores_come_back_in_one_order(service: str, feedback: bool) -> None:
+    """Velmora and Ansk tie after RRF (each first in one list, second in the other); the engine
+    orders such ties arbitrarily per call, the retriever by doc id, so a search always repeats."""
+    body = {"collection": "tiny", "queries": ["Which river flows through Velmora?"], "top_k": 3,
+            "mode": "hybrid", "feedback": feedback}  # fmt: skip
+    seen = set()
+    with httpx.Client(base_url=service) as http:
+        for _ in range(20):
+            hits = http.post("/v1/search", json=body).json()["results"][0]
+            seen.add(tuple((h["id"], h["score"]) for h in hits))
+    (only,) = seen
+    if not feedback:  # the tie itself, broken by id
+        assert [doc for doc, _ in only[:2]] == ["ansk", "velmora"] and only[0][1] == only[1][1]
+
+
 def test_filter_restricts_to_payload(service: str) -> None:
     with RetrieverClient(service) as client:
         hits = client.search("tiny", ["founded"], top_k=5, filter={"kind": "company"})[0]
