@@ -42,6 +42,10 @@ from services.policy.settings import PolicySettings
 T = TypeVar("T")
 
 
+Messages = list[dict[str, str]]
+_Ask = tuple[Messages, SamplingParams, "asyncio.Future[list[Generation]]"]
+
+
 def completions(gens: list[Generation], stop: list[str], logprobs: bool) -> list[Completion]:
     """One prompt's generations as LLMClient's completions (stop text restored by its rule)."""
     usage = {"prompt_tokens": gens[0].prompt_tokens, "completion_tokens": sum(len(g.token_ids) for g in gens)}
@@ -90,13 +94,13 @@ class EngineChat:
         stop = list(stop or [])
         params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs or self.logprobs,
                                  self.deadline)  # fmt: skip
-        (gens,) = await run_in_threadpool(self.engine.generate, [messages], params)
+        gens = await self.generate(messages, params)
         self.calls.extend(gens)
         return completions(gens, stop, logprobs)
 
-
-Messages = list[dict[str, str]]
-_Ask = tuple[Messages, SamplingParams, "asyncio.Future[list[Generation]]"]
+    async def generate(self, messages: Messages, params: SamplingParams) -> list[Generation]:
+        (gens,) = await run_in_threadpool(self.engine.generate, [messages], params)
+        return gens
 
 
 class Lockstep:
@@ -194,27 +198,15 @@ async def lockstep_episodes(
     )  # fmt: skip
 
 
-class _LockstepChat:
-    """One episode's view of a :class:`Lockstep` (the runner's ChatModel)."""
+class _LockstepChat(EngineChat):
+    """One episode's view of a :class:`Lockstep` (the runner's ChatModel): its calls wait for their round."""
 
     def __init__(self, rounds: Lockstep, episode: int) -> None:
+        super().__init__(rounds.engine)
         self.rounds, self.episode = rounds, episode
 
-    async def chat(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        stop: list[str] | None = None,
-        max_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        n: int = 1,
-        logprobs: bool = False,
-    ) -> list[Completion]:
-        stop = list(stop or [])
-        params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs)
-        return completions(await self.rounds.ask(self.episode, messages, params), stop, logprobs)
+    async def generate(self, messages: Messages, params: SamplingParams) -> list[Generation]:
+        return await self.rounds.ask(self.episode, messages, params)
 
 
 class Policy:
