@@ -25,7 +25,7 @@ from services.retriever.store import (
 )
 
 log = logging.getLogger("hoprl.retriever")
-#: points fetched beyond a list's depth, so that a tie at the cut is settled by doc id, not by the engine
+#: points fetched beyond ``top_k``, so that a tie at the cut is broken by doc id, not by the engine
 TIE_MARGIN = 8
 
 
@@ -182,56 +182,31 @@ class HybridIndex:
         return SearchResponse(collection=request.collection, mode=request.mode, results=hits, took_ms=took)
 
     def _query(self, name: str, queries: list[Query]) -> list[list[ScoredPayload]]:
-        """Each query's prefetch lists from the store, fused here by Qdrant's weighted RRF.
+        """The store's results, equal scores ordered by doc id.
 
-        Qdrant fuses too, but leaves the order of equal scores to chance, twice: inside a list
-        (two BM25 scores alike, common on a synthetic corpus) the tied points take their ranks in
-        an order that differs between two shards of the same documents, and after fusion (one
-        point 1st by dense and 2nd by BM25, another the other way round) the tied points come
-        back in an order that changes from call to call. The same search then answered other
-        documents, and through the feedback round (which expands with the first hit) other
-        scores. Here every list is sorted by (score, doc id) before ranks are given (with
-        ``TIE_MARGIN`` points beyond its depth, so a tie at the cut is settled by id too) and
-        the fused list the same way, with Qdrant's formula (``fuse``).
+        Qdrant's RRF returns points with equal fused scores (one ranked 1st by dense and 2nd by
+        BM25, another the other way round: common on short queries) in an arbitrary order that
+        changes from call to call. That made the same search return different orders, and through
+        the feedback round (which expands with the first hit) different scores and documents. So
+        ``TIE_MARGIN`` more points are fetched, sorted by (score, doc id), and cut.
+
+        Ties inside one prefetch list still take their ranks in the engine's order, which is
+        stable for one shard but can differ between two shards built from the same documents.
+        Fusing here instead settled those too, but made the hybrid p50 1.5-1.8x slower and
+        batched throughput 2x lower (``bench/retrieval.py``, session 10), so Qdrant still fuses.
         """
-        lists = [
-            Query([replace(p, limit=p.limit + TIE_MARGIN)], p.limit + TIE_MARGIN, filter=q.filter)
-            for q in queries
-            for p in q.prefetches
+        wider = [replace(q, limit=q.limit + TIE_MARGIN) for q in queries]
+        results = self.store.query(name, wider)
+        return [
+            sorted(rows, key=lambda r: (-r.score, r.payload["doc_id"]))[: q.limit]
+            for q, rows in zip(queries, results, strict=True)
         ]
-        results = iter(self.store.query(name, lists))
-        out = []
-        for q in queries:
-            ranked = [by_score(next(results))[: p.limit] for p in q.prefetches]
-            if len(ranked) == 1:
-                out.append(ranked[0][: q.limit])
-            else:
-                out.append(fuse(ranked, q.weights or [1.0] * len(ranked), q.rrf_k)[: q.limit])
-        return out
 
     def _dense(self, request: SearchRequest) -> list[list[float] | None]:
         if request.mode == "sparse":
             return [None] * len(request.queries)
         with self.embedder.threads(self.settings.search_threads):
             return [v.tolist() for v in self.embedder.encode(request.queries)]
-
-
-def by_score(rows: list[ScoredPayload]) -> list[ScoredPayload]:
-    """Best first; equal scores by doc id."""
-    return sorted(rows, key=lambda r: (-r.score, r.payload["doc_id"]))
-
-
-def fuse(lists: list[list[ScoredPayload]], weights: list[float], k: int) -> list[ScoredPayload]:
-    """Qdrant's weighted RRF of ranked lists: a point gains ``1 / ((rank0 + 1) / w + k - 1)`` from
-    each list that holds it (rank0 from 0); best first, equal scores by doc id."""
-    scores: dict[str, float] = {}
-    payloads: dict[str, dict[str, Any]] = {}
-    for rows, weight in zip(lists, weights, strict=True):
-        for rank0, row in enumerate(rows):
-            doc = row.payload["doc_id"]
-            scores[doc] = scores.get(doc, 0.0) + 1.0 / ((rank0 + 1) / weight + k - 1)
-            payloads.setdefault(doc, row.payload)
-    return by_score([ScoredPayload(payloads[d], score) for d, score in scores.items()])
 
 
 def _hit(row: ScoredPayload, rank: int) -> Hit:
