@@ -33,9 +33,19 @@ def _validate(body: JobRequest, registry: Registry) -> None:
         raise ApiError(
             422, "unknown_recipe", f"unknown recipe {body.recipe!r}; valid recipes: {sorted(RECIPES)}"
         )
-    if body.resume_from and registry.get_run(body.resume_from) is None and "/" not in body.resume_from:
+    if not body.resume_from:
+        return
+    run = registry.get_run(body.resume_from)
+    if run is None and "/" not in body.resume_from:
         raise ApiError(
             404, "job_not_found", f"resume_from {body.resume_from!r} is not a job id or a folder path"
+        )
+    if run is not None and run.kind != "job":  # a flow's run: its checkpoints belong to its jobs
+        raise ApiError(
+            422,
+            "not_a_job",
+            f"resume_from {body.resume_from!r} is a {run.kind} run, not a job; pass the id of one of "
+            "its trainer jobs or a checkpoint folder",
         )
 
 

@@ -41,6 +41,8 @@ def data(tmp_path: Path, synthetic: dict[str, list[Question]]) -> Path:
 
 
 def test_bad_input_is_4xx_json(settings: TrainerSettings) -> None:
+    with Registry(settings.database_url) as registry:  # a flow's run in the same table
+        registry.create_run("pipe-1", recipe="search-r1", objective="grpo", model="m", config={}, seed=0)
     with LocalServer(create_app(settings)) as server:
         http = httpx.Client(base_url=server.url)
         cases = [
@@ -50,6 +52,7 @@ def test_bad_input_is_4xx_json(settings: TrainerSettings) -> None:
             ({"recipe": "search-r1", "hyperparameters": {"lr_scheduler": "step"}}, 422, "invalid_request"),
             ({"recipe": "search-r1", "steps": 0}, 422, "invalid_request"),
             ({"recipe": "search-r1", "resume_from": "job-missing"}, 404, "job_not_found"),
+            ({"recipe": "search-r1", "resume_from": "pipe-1"}, 422, "not_a_job"),
         ]
         for body, status, error in cases:
             response = http.post("/v1/jobs", json=body)
