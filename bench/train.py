@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -291,6 +293,18 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+@contextlib.contextmanager
+def retriever_url(args: argparse.Namespace) -> Iterator[str]:
+    """``--retriever-url`` as given, else a retriever started in-process on ``<out>/qdrant`` (its
+    URL is logged, so another process can evaluate against the same index)."""
+    if args.retriever_url:
+        yield args.retriever_url
+        return
+    with LocalServer(create_app(RetrieverSettings(storage_path=args.out / "qdrant"))) as server:
+        log.info("retriever: %s (pass it as --retriever-url to share this index)", server.url)
+        yield server.url
+
+
 COMMANDS = {"step-time": step_time, "when-to-search": when_to_search, "arena": arena}
 
 
@@ -363,6 +377,12 @@ def main() -> None:
         default=None,
         help="arena: keep the gold and the first distractors, this many paragraphs per question",
     )
+    p.add_argument(
+        "--retriever-url",
+        default=None,
+        help="a running retriever (e.g. another campaign's, from its log) instead of one on <out>/qdrant: "
+        "evaluations in two processes then search one index",
+    )
     p.add_argument("--threads", type=int, default=2, help="training threads (1: two share 2 cores)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -374,15 +394,12 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    retriever = RetrieverSettings(storage_path=args.out / "qdrant")
     start = time.perf_counter()
     with (
-        LocalServer(create_app(retriever)) as server,
+        retriever_url(args) as url,
         Registry(f"sqlite:///{args.out / 'registry.db'}") as reg,
     ):
-        settings = TrainerSettings(
-            runs_dir=args.out / "runs", retriever_url=server.url, torch_threads=args.threads
-        )
+        settings = TrainerSettings(runs_dir=args.out / "runs", retriever_url=url, torch_threads=args.threads)
         result = COMMANDS[args.command](args, reg, settings)
     result["wall_s"] = round(time.perf_counter() - start, 1)
     result["threads"] = torch.get_num_threads()

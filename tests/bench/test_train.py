@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
+import httpx
 import matplotlib.colors
 import matplotlib.image
 import numpy as np
@@ -70,3 +72,15 @@ def test_plot_command_redraws_every_result(bench: object, tmp_path: Path, monkey
     assert (tmp_path / "when-to-search.png").stat().st_size > 10_000
     assert not (tmp_path / "step-time.png").exists()
     assert "step-time.json: nothing to plot" in capsys.readouterr().out
+
+
+def test_retriever_url_is_shared_or_started_on_the_out_folder(bench: object, tmp_path: Path,
+                                                             retriever_url: str) -> None:  # fmt: skip
+    shared = argparse.Namespace(retriever_url=retriever_url, out=tmp_path)
+    with bench.retriever_url(shared) as url:  # type: ignore[attr-defined]
+        assert url == retriever_url
+    assert not (tmp_path / "qdrant").exists()
+    own = argparse.Namespace(retriever_url=None, out=tmp_path)
+    with bench.retriever_url(own) as url:  # type: ignore[attr-defined]
+        assert url != retriever_url and httpx.get(f"{url}/readyz").json()["status"] == "ready"
+    assert (tmp_path / "qdrant").exists()
