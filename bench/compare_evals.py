@@ -3,9 +3,10 @@
     python bench/compare_evals.py A.json B.json
 
 Prints, as JSON, each side's EM / F1 / retrievals, how many questions differ in EM, in F1 and in
-their retrieval count, and the paired bootstrap p-value of EM (10,000 resamples). Two evaluations
-of one checkpoint on the same questions should differ in nothing; two checkpoints, in whatever
-training changed.
+their retrieval count, and the paired bootstrap p-value of EM (10,000 resamples); where both
+evaluations kept their answers, also each changed question's answers, EM, retrievals and queries.
+Two evaluations of one checkpoint on the same questions should differ in nothing; two
+checkpoints, in whatever training changed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,19 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "b": {k: round(b[k], 2) for k in ("EM", "F1", "retrievals")},
         "questions differing": {"em": differ["em"], "f1": differ["f1"], "retrievals": differ["rc"]},
         "p_value EM": paired_bootstrap(b["em"], a["em"]).p_value,
+        **({"changed": changed(a, b)} if "answers" in a and "answers" in b else {}),
     }
+
+
+def changed(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The questions whose EM or retrieval count differ, with both answers and queries (evaluations
+    cached since session 11 keep them)."""
+    side = ("answers", "em", "rc", "queries")
+    return [
+        {"question": i, "a": {k: a[k][i] for k in side}, "b": {k: b[k][i] for k in side}}
+        for i in range(len(a["em"]))
+        if a["em"][i] != b["em"][i] or a["rc"][i] != b["rc"][i]
+    ]
 
 
 def main() -> None:

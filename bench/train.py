@@ -43,6 +43,7 @@ matplotlib.use("Agg")  # files only
 
 import matplotlib.pyplot as plt
 
+from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.data.jsonl import write_questions
 from hoprl.data.sources import load
@@ -77,7 +78,7 @@ def train(registry: Registry, settings: TrainerSettings, request: JobRequest) ->
 
 def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_url: str, collection: str,
              recipe_config: dict[str, Any], max_turns: int, tokens: int) -> dict[str, Any]:  # fmt: skip
-    """Greedy episodes of checkpoint ``path``: per-question EM, F1 and retrieval count. Decoding
+    """Greedy episodes of checkpoint ``path``, scored by :func:`episode_scores`. Decoding
     autocasts to bf16 where training does (:func:`bf16_mixed_precision`) and runs in lock-step
     rounds (:func:`lockstep_episodes`), so a checkpoint scores the same in every process."""
     engine = TransformersEngine(path, threads=1, autocast=bf16_mixed_precision())
@@ -93,12 +94,25 @@ def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_u
             await retriever.aclose()
 
     episodes = asyncio.run(run())
+    engine.close()
+    return episode_scores(episodes)
+
+
+def episode_scores(episodes: list[Episode]) -> dict[str, Any]:
+    """Per question (in order): EM, F1, retrieval count, the answer, the queries, and whether the
+    first search's results already listed every gold paragraph (``gold_first``: when one search
+    was enough); with the means EM, F1 and retrievals."""
     em = [exact_match(e.final_answer or "", e.answers) if e.answers else float(e.refused) for e in episodes]
     f1s = [f1(e.final_answer or "", e.answers) if e.answers else float(e.refused) for e in episodes]
     rc = [float(e.retrieval_count) for e in episodes]
-    engine.close()
-    return {"em": em, "f1": f1s, "rc": rc, "EM": 100 * sum(em) / len(em), "F1": 100 * sum(f1s) / len(f1s),
-            "retrievals": sum(rc) / len(rc)}  # fmt: skip
+    first = [next((s for s in e.steps if s.docs), None) for e in episodes]
+    listed = [{d.title for docs in s.docs for d in docs} if s else set() for s in first]
+    gold_first = [
+        float(bool(e.gold_titles) and set(e.gold_titles) <= t) for e, t in zip(episodes, listed, strict=True)
+    ]
+    means = {"EM": 100 * sum(em) / len(em), "F1": 100 * sum(f1s) / len(f1s), "retrievals": sum(rc) / len(rc)}
+    return {"em": em, "f1": f1s, "rc": rc, "answers": [e.final_answer or "" for e in episodes],
+            "queries": [e.queries for e in episodes], "gold_first": gold_first, **means}  # fmt: skip
 
 
 def evaluate_once(out: Path, path: str, recipe: str, questions: list[Question], *rest: Any) -> dict[str, Any]:

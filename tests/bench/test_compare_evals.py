@@ -42,3 +42,15 @@ def test_different_question_sets_are_refused(tmp_path: Path) -> None:
 def test_help_names_the_input() -> None:
     command = [sys.executable, str(ROOT / "bench" / "compare_evals.py"), "--help"]
     assert "evals/<key>.json" in subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+def test_changed_questions_show_both_answers_where_kept(tmp_path: Path) -> None:
+    a = scores([1, 0, 1], [2, 2, 1]) | {"answers": ["Paris", "Lyon", "Nice"], "queries": [["q1", "q2"]] * 3}
+    b = scores([1, 1, 1], [2, 2, 2]) | {"answers": ["Paris", "Rome", "Nice"], "queries": [["q1", "q2"]] * 3}
+    out = json.loads(run(tmp_path, a, b).stdout)
+    assert [(c["question"], c["a"]["answers"], c["b"]["answers"]) for c in out["changed"]] == [
+        (1, "Lyon", "Rome"),
+        (2, "Nice", "Nice"),
+    ]
+    assert out["changed"][1]["a"]["rc"] == 1 and out["changed"][1]["b"]["rc"] == 2
+    assert "changed" not in json.loads(run(tmp_path, scores([1, 0, 1], [2, 2, 1]), b).stdout)  # older cache

@@ -14,6 +14,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -84,3 +86,23 @@ def test_retriever_url_is_shared_or_started_on_the_out_folder(bench: object, tmp
     with bench.retriever_url(own) as url:  # type: ignore[attr-defined]
         assert url != retriever_url and httpx.get(f"{url}/readyz").json()["status"] == "ready"
     assert (tmp_path / "qdrant").exists()
+
+
+def test_episode_scores_keep_answers_and_whether_the_first_search_was_enough(bench: object) -> None:
+    def doc(title: str) -> RetrievedDoc:
+        return RetrievedDoc(id=title, title=title, text="")
+
+    def episode(answer: str, searches: list[list[str]]) -> Episode:
+        steps = [Step(t=i + 1, action="search", text="", queries=[f"q{i}"], docs=[[doc(t) for t in titles]])
+                 for i, titles in enumerate(searches)]  # fmt: skip
+        return Episode(recipe="when-to-search", question_id="q", question="?", answers=["Paris"],
+                       gold_titles=["A", "B"], steps=steps, final_answer=answer)  # fmt: skip
+
+    scores = bench.episode_scores([  # type: ignore[attr-defined]
+        episode("Paris", [["A", "B", "C"]]),  # one search listed both gold paragraphs
+        episode("Lyon", [["A", "C"], ["B"]]),  # the second gold paragraph came with the second search
+    ])  # fmt: skip
+    assert scores["em"] == [1.0, 0.0] and scores["rc"] == [1.0, 2.0]
+    assert scores["gold_first"] == [1.0, 0.0]
+    assert scores["answers"] == ["Paris", "Lyon"] and scores["queries"] == [["q0"], ["q0", "q1"]]
+    assert (scores["EM"], scores["retrievals"]) == (50.0, 1.5)
