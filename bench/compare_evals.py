@@ -35,8 +35,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def changed(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    """The questions whose EM or retrieval count differ, with both answers and queries (evaluations
-    cached since session 11 keep them)."""
+    """The questions whose EM or retrieval count differ, with both answers and queries (older
+    cached evaluations kept only the scores)."""
     side = ("answers", "em", "rc", "queries")
     return [
         {"question": i, "a": {k: a[k][i] for k in side}, "b": {k: b[k][i] for k in side}}
