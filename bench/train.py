@@ -48,6 +48,7 @@ from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.data.jsonl import write_questions
 from hoprl.data.sources import load
 from hoprl.metrics.answer import exact_match, f1
+from hoprl.metrics.retrieval import full_recall_at_k
 from hoprl.metrics.stats import paired_bootstrap
 from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
@@ -106,9 +107,9 @@ def episode_scores(episodes: list[Episode]) -> dict[str, Any]:
     f1s = [f1(e.final_answer or "", e.answers) if e.answers else float(e.refused) for e in episodes]
     rc = [float(e.retrieval_count) for e in episodes]
     first = [next((s for s in e.steps if s.docs), None) for e in episodes]
-    listed = [{d.title for docs in s.docs for d in docs} if s else set() for s in first]
+    listed = [[d.title for docs in s.docs for d in docs] if s else [] for s in first]
     gold_first = [
-        float(bool(e.gold_titles) and set(e.gold_titles) <= t) for e, t in zip(episodes, listed, strict=True)
+        full_recall_at_k(t, set(e.gold_titles), len(t)) for e, t in zip(episodes, listed, strict=True)
     ]
     means = {"EM": 100 * sum(em) / len(em), "F1": 100 * sum(f1s) / len(f1s), "retrievals": sum(rc) / len(rc)}
     return {"em": em, "f1": f1s, "rc": rc, "answers": [e.final_answer or "" for e in episodes],
