@@ -12,9 +12,11 @@ parses it with ``recipe.parse`` into an :class:`~hoprl.recipes.base.Action`:
   dropped; the backtrack segment itself is not appended). Every step stays in the episode record.
 - ``answer`` / ``refuse`` / ``stop``: the episode ends with that outcome.
 - ``format_error``: recorded as a step; ends the episode (outcome ``format_error``) unless the
-  recipe sets ``end_on_format_error = False``, in which case the segment stays in the chat and
-  the episode goes on. A segment cut by ``max_tokens`` (finish reason ``length``) is a format
-  error, since its last block is truncated.
+  recipe sets ``retry_message`` (that text is injected as a user turn, mask 0, recorded in
+  ``Step.information``, and the episode goes on: Search-R1's and Eval-RAR's invalid-action
+  message) or ``end_on_format_error = False`` (the segment stays in the chat and the episode goes
+  on). A segment cut by ``max_tokens`` (finish reason ``length``) is a format error, since its
+  last block is truncated.
 
 Limits: ``max_steps`` segments (outcome ``step_cap``); ``token_budget`` tokens of completion, i.e.
 the growth of the context since the initial prompt (generated + injected + chat-template tokens,
@@ -27,7 +29,7 @@ Optional recipe hooks beyond :class:`~hoprl.recipes.base.Recipe`, read with ``ge
   builds the prompt with ``recipe.messages(question, docs=docs)``. That retrieval is recorded on
   step 1 (``queries == [question]``, its ``docs``), so retrieval counts and recall see it; its
   text lives in the prompt, not in ``Step.information``.
-- ``end_on_format_error: bool = True`` (see above).
+- ``retry_message: str = ""`` and ``end_on_format_error: bool = True`` (see above).
 - ``accept_truncated: bool = False``: parse a segment cut at ``max_tokens`` instead of making it a
   format error (the naive-rag baseline, whose answer is plain text).
 
@@ -211,6 +213,12 @@ class _Run:
                 del self.messages[self.search_starts.pop() :]
             else:
                 step.error = "nothing to backtrack: no search step in the conversation"
+            return False
+        retry = getattr(self.recipe, "retry_message", "") if action.kind == "format_error" else ""
+        if retry:  # the recipe's retry text is injected (mask 0) and the episode goes on
+            step.information = retry
+            self.messages.append({"role": "assistant", "content": text})
+            self.messages.append({"role": "user", "content": retry})
             return False
         if action.kind == "format_error" and not getattr(self.recipe, "end_on_format_error", True):
             self.messages.append({"role": "assistant", "content": text})

@@ -13,6 +13,11 @@ Reward (outcome, per completion)::
 
 so a wrong final answer still earns a small reward (r_eval = 0.1) when the policy recognised the
 answer while evaluating evidence.
+
+An invalid action (no ``<search>`` or ``<answer>`` block, nested tags) does not end the episode:
+as in Search-R1's rollout loop, which Eval-RAR trains with, the retry message
+:data:`RETRY_MESSAGE` is injected (mask 0) and the policy tries again, within the step cap.
+``retry_invalid=False`` ends the episode at the first invalid action instead.
 """
 
 from __future__ import annotations
@@ -42,11 +47,21 @@ EVAL_RAR_PROMPT = (
 )
 
 
+#: Search-R1's invalid-action message (its rollout loop), injected after a malformed segment
+RETRY_MESSAGE = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> "
+    "and </search>. If I want to give the final answer, I should put the answer between <answer> and "
+    "</answer>. Let me try again.\n"
+)
+
+
 class EvalRARConfig(SearchR1Config):
     top_k: int = 3
     system_prompt: str = EVAL_RAR_PROMPT
     #: reward for a gold answer inside the <evaluate> blocks when the final answer is wrong
     r_eval: float = 0.1
+    #: inject RETRY_MESSAGE after an invalid action and go on (the paper's loop), or end the episode
+    retry_invalid: bool = True
 
 
 def evaluate_text(text: str) -> str:
@@ -110,6 +125,7 @@ class EvalRAR(SearchR1):
     def __init__(self, **config: Any) -> None:
         self.config = EvalRARConfig(**config)
         self.top_k = self.config.top_k
+        self.retry_message = RETRY_MESSAGE if self.config.retry_invalid else ""
 
     def reward_funcs(self) -> list[RewardFunc]:
         """One function, the paper's total (its components are module functions, for logging)."""

@@ -5,15 +5,23 @@ Protocol: ``<think>`` ... ``<search>keywords</search>``, the injected ``<informa
 
 - r_f (format): +1 if the generated text is well formed, else -1. Well formed: every block closed,
   none nested, nothing but whitespace outside the blocks, and the tag sequence (injected
-  information left out) is ``think (search reflect think?)* answer``: every search is reflected on
-  before the next search or the answer.
+  information left out) is one of the paper's two forms: ``think reflect answer`` (answered
+  without searching) or ``think (search reflect think?)+ answer`` (every search is reflected on
+  before the next search or the answer). ``format_rule="lenient"`` also accepts ``think answer``
+  (this project's earlier reading, kept as an option).
 - r_s (search), with RC the number of searches: 0 if RC = 0; for RC = 1, 0 if the query is
   concise and -1 if not; for RC > 1, minus the average pairwise cosine similarity of the queries
   (all pairs i < j, embedded with :func:`hoprl.embedding.get_embedder`), so repeated searches
   are penalised by how much they repeat each other.
 - r_a (answer), b = 0.3: stage 1: 1 if correct else -1 + b*RC (searching is encouraged when
   wrong); stage 2: 1 - b*RC if correct else -1 (searching costs once the policy is right).
-  Correct = normalised exact match by default (``correct_metric``).
+  Correct is decided as in the paper's protocol by a judge (``correct_metric="judge"``, the
+  default): the recipe's ``judge`` (the trainer binds the judge service when
+  ``TRAINER_JUDGE_URL`` is set), falling back to normalised exact match when no judge is bound.
+  ``"em"`` and ``"containment"`` are options.
+
+Paper defaults: top-k 5 documents per search and at most 5 turns (``max_turns``, the runner's
+episode cap for this recipe).
 
 "Concise" is not defined by the method; here a query is concise when it has at most
 ``concise_max_words`` words (6) and is not phrased as a question: it does not end with ``?`` and
@@ -47,11 +55,13 @@ from pydantic import BaseModel, ConfigDict
 from hoprl.agent.parsing import outside_text, parse_tags
 from hoprl.agent.trajectory import Episode
 from hoprl.data.synthetic import hops_for
+from hoprl.judging import Judge
 from hoprl.metrics.answer import containment, exact_match
 from hoprl.recipes.base import RewardFunc, versioned
 from hoprl.recipes.baselines import (
     SearchR1,
     SearchR1Config,
+    expert_answer,
     expert_final,
     expert_search,
     final_answers,
@@ -63,7 +73,11 @@ from hoprl.recipes.baselines import (
 from hoprl.schemas import Question
 
 TAGS = ["think", "search", "reflect", "answer", "information"]
-_SEQUENCE = re.compile(r"think( search reflect( think)?)* answer")
+#: r_f's accepted tag sequences (injected information left out), by ``format_rule``
+SEQUENCES = {
+    "paper": re.compile(r"think reflect answer|think( search reflect( think)?)+ answer"),
+    "lenient": re.compile(r"think( reflect)? answer|think( search reflect( think)?)+ answer"),
+}
 
 QUESTION_WORDS = (
     "what",
@@ -150,12 +164,14 @@ class Curriculum(BaseModel):
 
 
 class WhenToSearchConfig(SearchR1Config):
-    top_k: int = 3
+    top_k: int = 5
+    max_turns: int = 5
     system_prompt: str = WHEN_TO_SEARCH_PROMPT
     b: float = 0.3
     concise_max_words: int = 6
     question_words: tuple[str, ...] = QUESTION_WORDS
-    correct_metric: Literal["em", "containment"] = "em"
+    format_rule: Literal["paper", "lenient"] = "paper"
+    correct_metric: Literal["judge", "em", "containment"] = "judge"
     expert: Literal["hops", "adaptive", "hops-adaptive"] = "hops"
     curriculum: Literal["steps", "plateau"] = "steps"
     switch_step: int = 100
@@ -183,12 +199,12 @@ def keyword_query(question: str, max_words: int = 6, question_words: Sequence[st
     return " ".join(words)
 
 
-def well_formed(text: str) -> bool:
+def well_formed(text: str, rule: Literal["paper", "lenient"] = "paper") -> bool:
     """The r_f rule of the module docstring."""
     parsed = parse_tags(text, TAGS)
     if not parsed.ok or outside_text(text, parsed.blocks):
         return False
-    return bool(_SEQUENCE.fullmatch(" ".join(t for t in parsed.tags if t != "information")))
+    return bool(SEQUENCES[rule].fullmatch(" ".join(t for t in parsed.tags if t != "information")))
 
 
 def search_queries(completions: Sequence[Any], episodes: Sequence[Episode] | None) -> list[list[str]]:
@@ -227,9 +243,11 @@ class WhenToSearch(SearchR1):
     tags: ClassVar[list[str]] = TAGS
     config: WhenToSearchConfig
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, judge: Judge | None = None, **config: Any) -> None:
         self.config = WhenToSearchConfig(**config)
         self.top_k = self.config.top_k
+        self.max_steps = self.config.max_turns  # the runner's cap for this recipe
+        self.judge = judge  # decides correctness when correct_metric == "judge"; None = EM
         c = self.config
         self.curriculum = Curriculum(
             mode=c.curriculum,
@@ -271,30 +289,51 @@ class WhenToSearch(SearchR1):
 
         return reply
 
+    def correct(self, prediction: str, golds: list[str], question: str = "") -> bool:
+        """Whether ``prediction`` answers correctly, by ``correct_metric`` (see the module docstring)."""
+        metric = self.config.correct_metric
+        if metric == "judge" and self.judge is not None:
+            return self.judge.answer(prediction, golds, question).verdict
+        if metric == "containment":
+            return containment(prediction, golds) == 1.0
+        return exact_match(prediction, golds) == 1.0
+
+    def expert_segments(self, question: Question, noise: float = 0.0, seed: int = 0) -> list[str]:
+        """The scripted expert; an answer without any search reflects first (the paper's no-search
+        form ``think reflect answer``)."""
+        segments = super().expert_segments(question, noise, seed)
+        if len(segments) == 1:
+            answer = expert_answer(question)
+            segments = [
+                f"<think>I can answer without searching.</think>\n<reflect>I know that the answer is "
+                f"{answer}.</reflect>\n<answer>{answer}</answer>"
+            ]
+        return segments
+
     def reward_funcs(self) -> list[RewardFunc]:
         """``[r_f, r_s, r_a]``: TRL sums them into r and logs each; r_a reads the current stage."""
         cfg = self.config
-        metric = exact_match if cfg.correct_metric == "em" else containment
 
-        @versioned("wts_format@1")
+        @versioned("wts_format@2")
         def format_reward(prompts: Any, completions: Sequence[Any], **kw: Any) -> list[float | None]:
             texts = generated_texts(completions, kw.get("episodes"))
-            return [1.0 if well_formed(t) else -1.0 for t in texts]
+            return [1.0 if well_formed(t, cfg.format_rule) else -1.0 for t in texts]
 
         @versioned("wts_search@1")
         def search_reward(prompts: Any, completions: Sequence[Any], **kw: Any) -> list[float | None]:
             return [search_score(q, cfg) for q in search_queries(completions, kw.get("episodes"))]
 
-        @versioned("wts_answer@1")
+        @versioned("wts_answer@2")
         def answer_reward(prompts: Any, completions: Sequence[Any], **kw: Any) -> list[float | None]:
             episodes = kw.get("episodes")
             preds = final_answers(completions, episodes)
             golds = gold_answers(len(preds), kw.get("answers"), episodes)
             rcs = [len(q) for q in search_queries(completions, episodes)]
+            questions = [e.question for e in episodes] if episodes else [""] * len(preds)
             stage = self.curriculum.stage
             return [
-                answer_score(metric(p, g) == 1.0, rc, stage, cfg.b)
-                for p, g, rc in zip(preds, golds, rcs, strict=True)
+                answer_score(self.correct(p, g, q), rc, stage, cfg.b)
+                for p, g, rc, q in zip(preds, golds, rcs, questions, strict=True)
             ]
 
         return [format_reward, search_reward, answer_reward]

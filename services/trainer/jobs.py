@@ -135,7 +135,7 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
              run_id, request.recipe, request.objective, request.dataset, len(train), len(dev), path,
              resume, hp.model_dump())  # fmt: skip
     recipe = get_recipe(request.recipe, **hp.recipe_config)
-    if settings.judge_url and request.recipe == "evo-rag":
+    if settings.judge_url and hasattr(recipe, "judge"):  # EVO-RAG's refusals, when-to-search's r_a
         recipe.judge = RemoteJudge(settings.judge_url)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)

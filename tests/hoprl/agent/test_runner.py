@@ -105,6 +105,25 @@ def test_format_error_can_continue(url: str) -> None:
     assert app.state.requests[1]["messages"][-1] == {"role": "assistant", "content": "no tags here"}
 
 
+def test_eval_rar_injects_the_retry_message_and_goes_on(url: str) -> None:
+    """Eval-RAR (Search-R1's loop): an invalid action gets the retry message as the next user turn."""
+    from hoprl.agent.tokens import episode_messages
+    from hoprl.recipes.eval_rar import RETRY_MESSAGE, EvalRAR
+
+    ep, app = episode(url, ["I think it is Jane.", SEARCH, ANSWER], recipe=EvalRAR())
+    assert ep.outcome == "answer" and [s.action for s in ep.steps] == ["format_error", "search", "answer"]
+    assert ep.steps[0].information == RETRY_MESSAGE and "invalid" in RETRY_MESSAGE
+    second = app.state.requests[1]["messages"]
+    assert second[-2:] == [
+        {"role": "assistant", "content": "I think it is Jane."},
+        {"role": "user", "content": RETRY_MESSAGE},
+    ]
+    # the retry text is injected, like <information>: a user turn of the linear record (mask 0)
+    assert {"role": "user", "content": RETRY_MESSAGE} in episode_messages(ep)
+    ended, _ = episode(url, ["I think it is Jane.", ANSWER], recipe=EvalRAR(retry_invalid=False))
+    assert ended.outcome == "format_error" and len(ended.steps) == 1
+
+
 def test_step_cap(url: str) -> None:
     ep, _ = episode(url, [SEARCH, SEARCH2, SEARCH, ANSWER], max_steps=3)
     assert ep.outcome == "step_cap" and len(ep.steps) == 3 and ep.final_answer is None

@@ -10,6 +10,7 @@ import pytest
 from hoprl.agent.trajectory import Episode, Step
 from hoprl.data.synthetic import Hop, generate, hops_for
 from hoprl.embedding import get_embedder
+from hoprl.judging import Verdict
 from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import Curriculum, WhenToSearch, is_concise, keyword_query, well_formed
 from hoprl.schemas import Question
@@ -34,12 +35,10 @@ def episode(queries: list[str], answer: str | None) -> Episode:
         )
         review = "<reflect>The document names the founder.</reflect>\n"
     if answer is not None:
+        # the paper's no-search form reflects before answering: <think><reflect><answer>
+        closing = "<think>done</think>\n" if queries else "<think>t</think>\n<reflect>I know it.</reflect>\n"
         steps.append(
-            Step(
-                t=len(queries) + 1,
-                action="answer",
-                text=f"{review}<think>done</think>\n<answer>{answer}</answer>",
-            )
+            Step(t=len(queries) + 1, action="answer", text=f"{review}{closing}<answer>{answer}</answer>")
         )
     return Episode(
         recipe="when-to-search",
@@ -120,32 +119,40 @@ def test_repeated_identical_queries_cost_almost_one() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "ok"),
+    ("text", "ok", "lenient"),
     [
-        ("<think>t</think><answer>a</answer>", True),
+        # the paper's two forms: no search (think reflect answer), or searches each reflected on
+        ("<think>t</think><reflect>I know it.</reflect><answer>a</answer>", True, True),
+        ("<think>t</think><answer>a</answer>", False, True),  # no reflect: the lenient reading only
+        ("<think>t</think><reflect>r</reflect><think>t</think><answer>a</answer>", False, False),
         (
             "<think>t</think><search>q</search>" + INFO + "<reflect>r</reflect><think>t</think>"
             "<answer>a</answer>",
+            True,
             True,
         ),
         (
             "<think>t</think><search>q</search><reflect>r</reflect><search>q2</search><reflect>r</reflect>"
             "<answer>a</answer>",
             True,
+            True,
         ),
-        ("<search>q</search><reflect>r</reflect><answer>a</answer>", False),  # no think first
-        ("<think>t</think><search>q</search><answer>a</answer>", False),  # search never reflected on
-        ("<think>t</think><search>q</search><reflect>r</reflect>", False),  # no answer
-        ("<think>t</think><answer>a</answer><think>more</think>", False),  # answer not last
-        ("<think>t</think><answer>a", False),  # unclosed
-        ("Well, <think>t</think><answer>a</answer>", False),  # text outside the blocks
-        ("<think>t <think>u</think></think><answer>a</answer>", False),  # nested
+        ("<search>q</search><reflect>r</reflect><answer>a</answer>", False, False),  # no think first
+        ("<think>t</think><search>q</search><answer>a</answer>", False, False),  # search never reflected on
+        ("<think>t</think><search>q</search><reflect>r</reflect>", False, False),  # no answer
+        ("<think>t</think><answer>a</answer><think>more</think>", False, False),  # answer not last
+        ("<think>t</think><answer>a", False, False),  # unclosed
+        ("Well, <think>t</think><answer>a</answer>", False, False),  # text outside the blocks
+        ("<think>t <think>u</think></think><answer>a</answer>", False, False),  # nested
     ],
 )
-def test_format_reward(text: str, ok: bool) -> None:
+def test_format_reward(text: str, ok: bool, lenient: bool) -> None:
     assert well_formed(text) is ok
+    assert well_formed(text, "lenient") is lenient
     (format_reward, _, _) = WhenToSearch().reward_funcs()
     assert format_reward([""], [text]) == [1.0 if ok else -1.0]
+    (lenient_format, _, _) = WhenToSearch(format_rule="lenient").reward_funcs()
+    assert lenient_format([""], [text]) == [1.0 if lenient else -1.0]
 
 
 def test_from_completion_text_and_answers_column() -> None:
@@ -159,12 +166,46 @@ def test_config_constants_and_correct_metric() -> None:
     recipe.curriculum.stage = 2
     ep = episode(["Acme founder"], "It was Jane Roe")  # contained, not an exact match
     assert rewards(recipe, ep)[2] == pytest.approx(0.5)
-    assert get_recipe("when-to-search").config.b == 0.3
+    paper = get_recipe("when-to-search")
+    # the paper's defaults: b = 0.3, top-5 documents, at most 5 turns, a judge decides correctness
+    assert (paper.config.b, paper.top_k, paper.max_steps) == (0.3, 5, 5)
+    assert paper.config.correct_metric == "judge" and paper.config.format_rule == "paper"
+
+
+class ScriptedJudge:
+    """A judge that accepts exactly the predictions it was given (counts its calls)."""
+
+    def __init__(self, accepted: set[str]) -> None:
+        self.accepted, self.calls = accepted, 0
+
+    def answer(self, prediction: str, references: list[str], question: str = "") -> Verdict:
+        self.calls += 1
+        ok = prediction in self.accepted
+        return Verdict(verdict=ok, score=float(ok), rationale="scripted", backend="test", version="t@1")
+
+    def answerable(self, question: str, evidence: list[str], references: list[str] | None = None) -> Verdict:
+        raise AssertionError("when-to-search never asks about answerability")
+
+
+def test_correctness_comes_from_the_judge_with_em_as_the_fallback() -> None:
+    ep = episode(["Acme founder"], "J. Roe, the singer")  # not an exact match of "Jane Roe"
+    judge = ScriptedJudge({"J. Roe, the singer"})
+    judged = WhenToSearch(judge=judge)
+    assert rewards(judged, ep)[2] == 1.0 and judge.calls == 1  # stage 1, correct by the judge
+    assert rewards(WhenToSearch(), ep)[2] == pytest.approx(-0.7)  # no judge bound: EM says wrong
+    strict = WhenToSearch(judge=ScriptedJudge(set()))
+    exact = episode(["Acme founder"], "Jane Roe")
+    assert rewards(strict, exact)[2] == pytest.approx(-0.7)  # the judge, not EM, decides
+    assert rewards(WhenToSearch(judge=judge, correct_metric="em"), exact)[2] == 1.0
 
 
 def test_expert_is_well_formed() -> None:
     q = next(q for q in generate(seed=3, n_entities=80, n_train=12, n_dev=0, n_test=0)["train"] if q.answers)
     assert well_formed(WhenToSearch().expert(q))
+    # a question with no hops to search is answered in the paper's no-search form
+    direct = Question(id="d", dataset="t", split="train", question="What is 2 + 2?", answers=["4"])
+    text = WhenToSearch().expert(direct)
+    assert "<search>" not in text and "<reflect>" in text and well_formed(text)
 
 
 @pytest.mark.parametrize(
