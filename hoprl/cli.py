@@ -5,6 +5,7 @@ Examples::
     hoprl serve retriever --port 8001
     hoprl eval-retrieval --data ../shared/data/hotpotqa_dev.jsonl --mode hybrid --k 2 5 10
     hoprl synth --seed 0 --out data/synthetic
+    hoprl reward --recipe evo-rag episode.json
 """
 
 from __future__ import annotations
@@ -42,6 +43,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port or DEFAULT_PORTS[args.service]
     uvicorn.run(SERVICES[args.service], host=args.host, port=port, log_level=args.log_level,
                 timeout_keep_alive=SERVER_KEEP_ALIVE_S)  # fmt: skip
+    return 0
+
+
+def cmd_reward(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from hoprl.data.jsonl import iter_questions
+    from hoprl.recipes import get_recipe
+    from hoprl.recipes.scoring import explain, load_episode
+
+    text = sys.stdin.read() if str(args.episode) == "-" else args.episode.read_text()
+    try:
+        episode = load_episode(json.loads(text))
+    except json.JSONDecodeError as exc:
+        console.print(f"[red]error:[/red] {args.episode} is not JSON: {exc}")
+        return 2
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        console.print(f"[red]error:[/red] {args.episode} is not an episode: {problems}")
+        return 2
+    question = None
+    if args.data:
+        question = next((q for q in iter_questions(args.data) if q.id == episode.question_id), None)
+        if question is None:
+            console.print(f"[red]error:[/red] question {episode.question_id!r} is not in {args.data}")
+            return 2
+    try:
+        recipe = get_recipe(args.recipe or episode.recipe, **json.loads(args.config))
+        report = explain(recipe, episode, question)
+    except (KeyError, ValueError, ValidationError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    print(json.dumps(report, indent=2))
     return 0
 
 
@@ -254,6 +288,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pipeline_cli.add_arguments(pipe)
     pipe.set_defaults(func=pipeline_cli.main)
+
+    rew = sub.add_parser(
+        "reward",
+        help="re-score a stored episode with a recipe's rewards; print them as JSON",
+        description="Score EPISODE.json (an episode as /v1/rollouts returns it or the registry "
+        "stores it) with the recipe's own reward functions and print every reward, the weighted "
+        "total and each step's signals as JSON. ARENA needs --data (its references' gold flags).",
+    )
+    rew.add_argument("episode", type=Path, help="the episode JSON file ('-' reads standard input)")
+    rew.add_argument("--recipe", default=None, help="default: the recipe the episode names")
+    rew.add_argument("--data", default=None, help="common-schema JSONL holding the episode's question")
+    rew.add_argument(
+        "--config", default="{}", help="recipe config overrides as JSON, e.g. '{\"r_eval\": 0.2}'"
+    )
+    rew.set_defaults(func=cmd_reward)
 
     syn = sub.add_parser("synth", help="write the synthetic multi-hop world as JSONL files")
     syn.add_argument("--seed", type=int, default=0)

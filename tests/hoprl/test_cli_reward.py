@@ -1,0 +1,173 @@
+"""``hoprl reward``: re-score a stored episode, run as a user would (a subprocess), values by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.schemas import Paragraph, Question
+
+GOLD = ["Jane Roe"]
+INFO = "<information>\n[1] Acme Records: founded by Jane Roe.\n</information>"
+
+
+def hoprl(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hoprl.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        input=stdin,
+        timeout=300,
+    )
+
+
+def write(tmp_path: Path, name: str, data: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def eval_rar_episode() -> Episode:
+    """A wrong final answer after an <evaluate> block that names the gold answer: R = r_eval."""
+    return Episode(
+        recipe="eval-rar",
+        question_id="q1",
+        question="Who founded Acme Records?",
+        answers=GOLD,
+        steps=[
+            Step(
+                t=1,
+                action="search",
+                text="<think>t</think><search>Acme founder</search>",
+                queries=["Acme founder"],
+                information=INFO,
+            ),
+            Step(
+                t=2,
+                action="answer",
+                answer="John Doe",
+                text="<evaluate>The founder is Jane Roe.</evaluate><answer>John Doe</answer>",
+            ),
+        ],
+        final_answer="John Doe",
+    )
+
+
+def test_eval_rar_episode_gets_r_eval(tmp_path: Path) -> None:
+    path = write(tmp_path, "ep.json", eval_rar_episode().model_dump())
+    out = hoprl("reward", "--recipe", "eval-rar", str(path), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    # EM("John Doe", ["Jane Roe"]) = 0, gold in the evaluate block: R = R_eval = 0.1
+    assert report["rewards"] == {"eval_rar@1": 0.1} and report["total"] == pytest.approx(0.1)
+    assert [s["action"] for s in report["steps"]] == ["search", "answer"]
+    # the recipe override: r_eval 0.25 gives 0.25; a rollout-shaped file works the same
+    rollout = {"episode": eval_rar_episode().model_dump(), "trajectory": {"prompt_ids": [], "mask": []}}
+    out = hoprl("reward", "--config", '{"r_eval": 0.25}', "-", cwd=tmp_path, stdin=json.dumps(rollout))
+    assert out.returncode == 0, out.stderr and json.loads(out.stdout)["total"] == pytest.approx(0.25)
+
+
+def test_when_to_search_components_and_total(tmp_path: Path) -> None:
+    ep = Episode(
+        recipe="when-to-search",
+        question_id="q1",
+        question="Who founded Acme Records?",
+        answers=GOLD,
+        steps=[
+            Step(
+                t=1,
+                action="search",
+                text="<think>t</think>\n<search>Acme founder</search>",
+                queries=["Acme founder"],
+                information=INFO,
+            ),
+            Step(
+                t=2,
+                action="answer",
+                answer="Jane Roe",
+                text="<reflect>It names her.</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>",
+            ),
+        ],
+        final_answer="Jane Roe",
+    )
+    out = hoprl("reward", str(write(tmp_path, "w.json", ep.model_dump())), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    # r_f = 1 (think search reflect think answer), r_s = 0 (one concise query),
+    # r_a = 1 (stage 1, correct by EM: no judge bound): r = 2
+    assert report["rewards"] == {"wts_format@2": 1.0, "wts_search@1": 0.0, "wts_answer@2": 1.0}
+    assert report["total"] == 2.0 and report["recipe"] == "when-to-search"
+
+
+def test_evo_rag_prints_each_steps_signals(tmp_path: Path) -> None:
+    doc = RetrievedDoc(id="acme", title="Acme Records", text="Acme Records was founded by Jane Roe.")
+    ep = Episode(
+        recipe="evo-rag",
+        question_id="q1",
+        question="Who founded Acme Records?",
+        answers=GOLD,
+        gold_titles=["Acme Records"],
+        steps=[
+            Step(
+                t=1,
+                action="search",
+                text="<think>t</think><search>Acme founder</search>",
+                queries=["Acme founder"],
+                docs=[[doc]],
+            ),
+            Step(t=2, action="answer", answer="Jane Roe", text="<answer>Jane Roe</answer>"),
+        ],
+        final_answer="Jane Roe",
+    )
+    out = hoprl("reward", str(write(tmp_path, "e.json", ep.model_dump())), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    steps = json.loads(out.stdout)["steps"]
+    # r_step = -1 on every step; the search hit a gold title: r_ret = +1; the exact answer:
+    # r_ans = (EM + F1) / 2 = (1 + 1) / 2 = 1
+    assert [s["signals"]["r_step"] for s in steps] == [-1.0, -1.0]
+    assert steps[0]["signals"]["r_ret"] == 1.0 and steps[1]["signals"]["r_ans"] == 1.0
+
+
+def test_arena_reads_the_references_from_data(tmp_path: Path) -> None:
+    q = Question(
+        id="a1", dataset="t", split="dev", question="Who founded Acme Records?", answers=GOLD,
+        paragraphs=[Paragraph(title="Beta", text="Beta is a band.", is_gold=False),
+                    Paragraph(title="Acme Records", text="Founded by Jane Roe.", is_gold=True)],
+    )  # fmt: skip
+    text = "<relevance>[2]</relevance><analysis>[2] names the founder.</analysis><answer>Jane Roe</answer>"
+    ep = Episode(recipe="arena", question_id="a1", question=q.question, answers=GOLD, final_answer="Jane Roe",
+                 steps=[Step(t=1, action="answer", answer="Jane Roe", text=text)])  # fmt: skip
+    path = write(tmp_path, "a.json", ep.model_dump())
+    missing = hoprl("reward", str(path), cwd=tmp_path)
+    assert missing.returncode == 2 and "paragraphs" in missing.stderr and "Traceback" not in missing.stderr
+    data = tmp_path / "q.jsonl"
+    data.write_text(q.model_dump_json() + "\n")
+    out = hoprl("reward", "--data", str(data), str(path), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    # format 1, accuracy 1 (exact), relevance 1 (cites exactly the gold reference [2]), bonus 10
+    assert json.loads(out.stdout)["total"] == pytest.approx(13.0)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("{not json", "is not JSON"), ('{"recipe": "x"}', "question_id: Field required")],
+)
+def test_bad_input_is_a_clear_error(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    out = hoprl("reward", str(path), cwd=tmp_path)
+    stderr = " ".join(out.stderr.split())  # the console wraps long lines
+    assert out.returncode == 2 and message in stderr and "Traceback" not in stderr
+
+
+def test_unknown_recipe_lists_the_valid_ones(tmp_path: Path) -> None:
+    path = write(tmp_path, "ep.json", eval_rar_episode().model_dump())
+    out = hoprl("reward", "--recipe", "nope", str(path), cwd=tmp_path)
+    assert out.returncode == 2 and "eval-rar" in out.stderr and "Traceback" not in out.stderr
