@@ -13,12 +13,17 @@ only a prefork child dies. The second run writes nothing new:
   a redelivered call returns the first verdict);
 - :func:`embed_batch` ingests through the retriever, which upserts by document id.
 
-Configuration (environment, read at import):
+Configuration (environment, read at import; the flow's process and every worker must agree):
 
 - ``HOPRL_CELERY_BROKER_URL``: broker *and* result backend (default ``redis://127.0.0.1:6379/1``);
-- ``HOPRL_CELERY_VISIBILITY_TIMEOUT``: seconds before an unacknowledged unit is redelivered
-  (default 7200). It must exceed the longest unit, or a slow unit that is still running is handed
-  out a second time (harmless for these units, but wasted work);
+- ``HOPRL_FANOUT_TIMEOUT``: seconds :func:`fan_out` waits for a group before it gives up (default
+  3600). The broker's **visibility timeout** (seconds before an unacknowledged unit is handed to
+  another worker) is derived from it: a quarter of it (900 s by default), so a unit whose worker
+  was lost is redelivered, and has three quarters of the wait left to run again, before the
+  fan-out gives up. (A visibility timeout longer than the wait would let the fan-out give up on a
+  unit that was never redelivered.) The visibility timeout must also exceed the longest unit, or a
+  slow unit still running is handed out a second time (harmless for these units, wasted work):
+  raise ``HOPRL_FANOUT_TIMEOUT`` for slower units;
 - ``HOPRL_CELERY_EAGER=1``: run units in the calling process (tests, ``make run`` without Redis);
   :func:`use_eager` switches it at run time.
 
@@ -29,7 +34,7 @@ Start workers with ``celery -A flows.fanout worker`` (as docker compose does), t
                           {"max_steps": 4})
         for q in questions
     ]
-    summaries = fan_out(units, timeout=1800)  # one dict per unit, in order
+    summaries = fan_out(units)  # one dict per unit, in order; waits up to HOPRL_FANOUT_TIMEOUT
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ from hoprl.schemas import Document, Question
 log = logging.getLogger(__name__)
 
 BROKER_URL = os.environ.get("HOPRL_CELERY_BROKER_URL", "redis://127.0.0.1:6379/1")
-VISIBILITY_TIMEOUT_S = int(os.environ.get("HOPRL_CELERY_VISIBILITY_TIMEOUT", "7200"))
+FANOUT_TIMEOUT_S = float(os.environ.get("HOPRL_FANOUT_TIMEOUT", "3600"))
+VISIBILITY_TIMEOUT_S = max(1, int(FANOUT_TIMEOUT_S / 4))  # see the module docstring
 JUDGE_CACHE_TTL_S = 30 * 24 * 3600
 # Transient I/O failures worth another attempt; anything else (a 4xx, a bug) fails the unit at once.
 IO_ERRORS = (httpx.TransportError, openai.APIConnectionError, redis.ConnectionError, redis.TimeoutError)
@@ -301,7 +307,7 @@ def embed_batch(
 
 def fan_out(
     units: Sequence[Signature],
-    timeout: float = 3600,
+    timeout: float | None = None,
     queue: str | None = None,
     description: str = "fan-out",
     poll_s: float = 0.5,
@@ -310,8 +316,10 @@ def fan_out(
 
     Args:
         units: task signatures, e.g. ``rollout_episode.s(...)``.
-        timeout: seconds to wait for all of them; on expiry raises ``TimeoutError`` (the units
-            keep running on the workers, and their writes stay idempotent).
+        timeout: seconds to wait for all of them (default ``HOPRL_FANOUT_TIMEOUT``, from which the
+            visibility timeout is derived; a shorter one may give up before a lost unit comes
+            back); on expiry raises ``TimeoutError`` (the units keep running on the workers, and
+            their writes stay idempotent).
         queue: route every unit to this queue (workers started with ``-Q``).
 
     A failed unit (after its retries) raises its error here.
@@ -320,6 +328,7 @@ def fan_out(
         return []
     # Fresh copies: a signature listed twice must still be two messages with two task ids.
     units = [u.clone(queue=queue) if queue else u.clone() for u in units]
+    timeout = FANOUT_TIMEOUT_S if timeout is None else timeout
     result = group(units).apply_async()
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -329,7 +338,8 @@ def fan_out(
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{description}: {result.completed_count()} of {len(units)} units done after "
-                    f"{timeout:.0f} s; raise the timeout or add workers (celery -A flows.fanout worker)"
+                    f"{timeout:.0f} s; raise HOPRL_FANOUT_TIMEOUT or add workers "
+                    "(celery -A flows.fanout worker)"
                 )
             progress.update(bar, completed=result.completed_count())
             time.sleep(poll_s)

@@ -10,7 +10,7 @@ linked to the flow run; every stage that finishes leaves a mark in the registry 
 resumes training from the latest checkpoint and writes no episode twice.
 
 The services are those named by ``HOPRL_*_URL`` (compose), else local processes started for the
-run (:func:`flows.services.services`). Start it from Python, ``hoprl pipeline``, or a deployment
+run (:func:`flows.stack.services`). Start it from Python, ``hoprl pipeline``, or a deployment
 (``prefect deployment run pipeline/pipeline -p recipe=evo-rag``, see infra/prefect/README.md).
 """
 
@@ -27,7 +27,7 @@ from prefect import flow, get_run_logger
 from flows.data import build_index, prepare_data
 from flows.evaluate import evaluate
 from flows.runs import done, link_flow_run, mark, registry, run_dir
-from flows.services import ServiceUrls, services
+from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
 from services.policy.model import resolve_model
 

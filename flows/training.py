@@ -34,7 +34,7 @@ from prefect import flow, get_run_logger, task
 
 from flows.rollouts import collect_rollouts, score_rewards
 from flows.runs import registry, run_dir
-from flows.services import ServiceUrls, admin_token
+from flows.stack import ServiceUrls, admin_token
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.trainer import TrainerClient
 from hoprl.recipes import get_recipe

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import secrets
@@ -221,7 +222,7 @@ def test_eager_judge_items_are_cached_by_key(judge_url: str, run_id: str) -> Non
     out = fan_out(units, timeout=60)
     assert [r["verdict"] for r in out] == [True, False, True, True]
     assert [r["unit_cached"] for r in out] == [False, False, False, True]
-    assert out[3]["rationale"] == out[0]["rationale"] and out[0]["version"] == "rules@1"
+    assert out[3]["rationale"] == out[0]["rationale"] and out[0]["version"] == "rules@2"
     with pytest.raises(ValueError, match="valid: answer, answerable"):
         judge_item.s(run_id, "q4", "grade", answer, judge_url).apply().get()
 
@@ -277,13 +278,17 @@ def broker() -> Iterator[dict[str, Any]]:
 
 @contextmanager
 def worker(
-    name: str, queue: str, registry_url: str, log: Path, pool: str, visibility_s: int
+    name: str, queue: str, registry_url: str, log: Path, pool: str, fanout_timeout_s: int
 ) -> Iterator[Any]:
-    """A real ``celery -A flows.fanout worker`` in its own process group; stopped (TERM, then KILL)."""
+    """A real ``celery -A flows.fanout worker`` in its own process group; stopped (TERM, then KILL).
+
+    ``fanout_timeout_s`` is ``HOPRL_FANOUT_TIMEOUT``, the one setting the worker derives its
+    visibility timeout from (a quarter of it).
+    """
     env = {k: v for k, v in os.environ.items() if k != "HOPRL_CELERY_EAGER"}
     env |= {
         "HOPRL_CELERY_BROKER_URL": REDIS_URL,
-        "HOPRL_CELERY_VISIBILITY_TIMEOUT": str(visibility_s),
+        "HOPRL_FANOUT_TIMEOUT": str(fanout_timeout_s),
         "HOPRL_DATABASE_URL": registry_url,
         "OMP_NUM_THREADS": "1",
     }
@@ -318,7 +323,7 @@ def prefork_worker(
 ) -> Iterator[tuple[Any, Path]]:
     log = tmp_path_factory.mktemp("worker") / "prefork.log"
     with worker(
-        f"fanout-prefork-{broker['token']}", broker["queue"], registry_url, log, "prefork", 30
+        f"fanout-prefork-{broker['token']}", broker["queue"], registry_url, log, "prefork", 120
     ) as proc:
         yield proc, log
 
@@ -381,36 +386,77 @@ def test_prefork_child_killed_mid_unit_is_requeued(
     assert b"exited with 'signal 9 (SIGKILL)'" in log.read_bytes()
 
 
+# The flow's side of a fan-out, as a process of its own: it reads HOPRL_FANOUT_TIMEOUT like the
+# workers do and waits for the group with fan_out's default wait.
+FLOW = """
+import json, sys
+from flows.fanout import fan_out, rollout_episode
+args, queue, out = json.loads(sys.argv[1])
+summaries = fan_out([rollout_episode.s(*args)], queue=queue)
+open(out, "w").write(json.dumps(summaries))
+"""
+FANOUT_WAIT_S = 60  # HOPRL_FANOUT_TIMEOUT of this test: workers derive a 15 s visibility timeout
+
+
 @pytest.mark.integration
-def test_worker_killed_mid_unit_loses_nothing(
+def test_worker_killed_mid_unit_is_redone_before_the_fan_out_gives_up(
     broker: dict[str, Any], questions: tuple[str, list[SyntheticQuestion]], policy: tuple[str, Any],
     retriever_url: str, registry_url: str, run_id: str, tmp_path: Path,
 ) -> None:  # fmt: skip
-    """The whole worker is SIGKILLed (machine lost): the unacknowledged unit goes to the next worker
-    once the visibility timeout passes, and its episode is written exactly once."""
+    """The whole worker is SIGKILLed mid-unit (machine lost). Only ``HOPRL_FANOUT_TIMEOUT`` is set,
+    for the flow's process and the workers alike: the unacknowledged unit is handed to the next
+    worker once the derived visibility timeout passes, is written exactly once, and the flow's
+    ``fan_out`` (its default wait) gets the result before it gives up. With a visibility timeout
+    longer than the wait (the old defaults: 7200 s against 3600 s) the fan-out gives up first."""
     url, app = policy
     queue = broker["queue"] + "-kill"
-    sig = broker["client"].signature
-    (unit,) = rollouts(lambda *a: sig(rollout_episode.name, args=a), run_id, questions, url, retriever_url,
-                       samples=(1,))[:1]  # fmt: skip
+    collection, qs = questions
+    args = [run_id, 0, qs[0].model_dump(mode="json"), 1, RECIPE, collection, url, retriever_url, OPTIONS]
+    env = {k: v for k, v in os.environ.items() if k != "HOPRL_CELERY_EAGER"}
+    env |= {"HOPRL_CELERY_BROKER_URL": REDIS_URL, "HOPRL_FANOUT_TIMEOUT": str(FANOUT_WAIT_S)}
+    out, flow_log = tmp_path / "summaries.json", (tmp_path / "flow.log").open("wb")
     app.state.hold.set()
     arrived = app.state.arrived
-    with ThreadPoolExecutor(1) as pool:
-        try:
-            with worker(
-                f"fanout-a-{broker['token']}", queue, registry_url, tmp_path / "a.log", "solo", 2
-            ) as first:
-                future = pool.submit(fan_out, [unit], 90, queue)
-                wait_for(lambda: app.state.arrived > arrived, 60, "the unit's first model call")
-                os.killpg(first.pid, signal.SIGKILL)
-                first.wait(10)
-            assert count(registry_url, run_id) == 0
-        finally:
-            app.state.hold.clear()
-        with worker(f"fanout-b-{broker['token']}", queue, registry_url, tmp_path / "b.log", "solo", 2):
-            (summary,) = future.result(timeout=60)
-    assert summary["outcome"] == "answer" and summary["question_id"] == questions[1][0].id
+    flow = None
+    try:
+        with worker(
+            f"fanout-a-{broker['token']}", queue, registry_url, tmp_path / "a.log", "solo", FANOUT_WAIT_S
+        ) as first:
+            flow = subprocess.Popen(
+                [sys.executable, "-c", FLOW, json.dumps([args, queue, str(out)])], cwd=ROOT, env=env,
+                stdout=subprocess.DEVNULL, stderr=flow_log,
+            )  # fmt: skip
+            wait_for(lambda: app.state.arrived > arrived, 60, "the unit's first model call")
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        assert count(registry_url, run_id) == 0
+        app.state.hold.clear()
+        with worker(
+            f"fanout-b-{broker['token']}", queue, registry_url, tmp_path / "b.log", "solo", FANOUT_WAIT_S
+        ):
+            try:
+                flow.wait(timeout=FANOUT_WAIT_S + 30)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"fan_out waited past HOPRL_FANOUT_TIMEOUT={FANOUT_WAIT_S}") from None
+    finally:
+        app.state.hold.clear()
+        if flow is not None and flow.poll() is None:
+            flow.kill()
+            flow.wait()
+        flow_log.close()
+    assert flow.returncode == 0, (tmp_path / "flow.log").read_text()[-3000:]
+    (summary,) = json.loads(out.read_text())
+    assert summary["outcome"] == "answer" and summary["question_id"] == qs[0].id
     assert count(registry_url, run_id) == 1
     # The same message: received by the killed worker, finished by the next one.
     (task_id,) = re.findall(r"rollout_episode\[([0-9a-f-]+)\] received", (tmp_path / "a.log").read_text())
     assert f"rollout_episode[{task_id}] succeeded" in (tmp_path / "b.log").read_text()
+
+
+def test_visibility_timeout_is_derived_from_the_fan_out_wait() -> None:
+    """The two timeouts come from one setting; redelivery (visibility timeout plus one restore
+    sweep) comes well before the fan-out's default wait ends."""
+    options = fanout.app.conf.broker_transport_options
+    sweep = options["unacked_restore_interval"] * options["unacked_restore_throttle"]
+    assert options["visibility_timeout"] == fanout.VISIBILITY_TIMEOUT_S == int(fanout.FANOUT_TIMEOUT_S / 4)
+    assert options["visibility_timeout"] + sweep < fanout.FANOUT_TIMEOUT_S / 2

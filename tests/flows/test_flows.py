@@ -29,7 +29,7 @@ from flows.data import build_index, prepare_data
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
 from flows.runs import registry
-from flows.services import ServiceUrls
+from flows.stack import ServiceUrls
 from flows.training import boundaries, train
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
@@ -289,7 +289,7 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
 
     run_id, hp = "killed", {"questions_per_step": 2, "num_generations": 2, "max_turns": 2,
                             "max_new_tokens_per_step": 8, "token_budget": 64}  # fmt: skip
-    args = {"model": tiny_model, "steps": 4, "segments": 2, "sft_steps": 1, "limit": LIMIT,
+    args: dict[str, Any] = {"model": tiny_model, "steps": 4, "segments": 2, "sft_steps": 1, "limit": LIMIT,
             "eval_limit": 2, "dev_limit": 2, "hyperparameters": hp, "run_id": run_id}  # fmt: skip
     service_env = {"HOPRL_RETRIEVER_URL": urls.retriever, "HOPRL_POLICY_URL": urls.policy,
                    "HOPRL_JUDGE_URL": urls.judge, "HOPRL_TRAINER_URL": urls.trainer}  # fmt: skip
