@@ -13,17 +13,27 @@ fallback when an LLM call fails.
 
 >>> RulesJudge().answer("The Eiffel Tower.", ["Eiffel Tower"]).verdict
 True
+
+**Where the judge differs from the official metrics.** EM, F1 and containment in
+:mod:`hoprl.metrics.answer` stay the official SQuAD/HotpotQA definitions (no accent folding), so
+reported EM/F1 compare with published numbers. The judge decides *equivalence*, so its rules
+(``rules@2``) add two things on top: accents are folded on both sides (:func:`fold`: "Pedro
+Rodríguez" is "Pedro Rodriguez"), and a reference that occurs in the prediction only under a
+negation ("not Paris", "it was never Paris", "neither Paris nor Lyon") does not count
+(:func:`contains_unnegated`), while "Paris, France" and "Lyon? No, Paris" still do.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from typing import Protocol
 
 from pydantic import BaseModel, Field
 
 from hoprl.metrics.answer import containment, exact_match, f1, normalize_answer
 
-RULES_VERSION = "rules@1"
+RULES_VERSION = "rules@2"
 
 # Words that carry no content in a question: interrogatives, auxiliaries, prepositions and the
 # like. Overlap on them would make any English evidence look relevant.
@@ -35,6 +45,87 @@ _STOPWORD_TEXT = """
     one first last same more most less many much
 """
 _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+
+# Letters that Unicode does not decompose into a base letter plus a mark, so NFKD alone would
+# keep them ("Søren" would stay apart from "Soren"); typographic apostrophes become ASCII ones so
+# "isn’t" normalises like "isn't". (unidecode would cover more scripts but is GPL; anyascii
+# transliterates non-Latin scripts, which an answer judge must not do.)
+_UNDECOMPOSED = str.maketrans({"ø": "o", "ł": "l", "đ": "d", "ħ": "h", "ı": "i", "æ": "ae",
+                               "œ": "oe", "þ": "th", "ð": "d", "’": "'", "‘": "'"})  # fmt: skip
+
+# Negation cues after normalisation (punctuation is gone, so "isn't" is "isnt").
+_NEGATIONS = frozenset(
+    """not no never neither nor none nobody nothing nowhere cannot without isnt arent wasnt werent
+    dont doesnt didnt cant couldnt wont wouldnt shouldnt hasnt havent hadnt aint mustnt neednt""".split()
+)
+# Words that end the reach of a negation: "not Lyon but Paris" affirms Paris.
+_CONTRAST = frozenset("but however although though whereas instead rather".split())
+# Clause punctuation: a run of these followed by a space or the end ("Lyon, Paris"), or an
+# opening bracket after a space. "St. Louis" splits too (harmless: a match may cross clauses),
+# while "1,000" and "3.5" do not, so the tokens are those of the official normalisation.
+_CLAUSE_BREAK = re.compile(r"[,;:.!?)\]}\u2013\u2014]+(?=\s|$)|(?:^|(?<=\s))[(\[{\u2013\u2014]+")
+
+
+def fold(text: str) -> str:
+    """Accent-folded, case-folded ``text``: NFKD, combining marks dropped, then casefold.
+
+    >>> fold("Pedro Rodríguez"), fold("Søren Kierkegaard"), fold("Straße")
+    ('pedro rodriguez', 'soren kierkegaard', 'strasse')
+    """
+    decomposed = unicodedata.normalize("NFKD", text)
+    return (
+        "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold().translate(_UNDECOMPOSED)
+    )
+
+
+def _clause_tokens(text: str) -> list[tuple[str, int]]:
+    """Normalised tokens of ``text`` with the index of the clause each belongs to."""
+    out: list[tuple[str, int]] = []
+    clause = 0
+    for segment in _CLAUSE_BREAK.split(text):
+        for token in normalize_answer(segment).split():
+            if token in _CONTRAST:
+                clause += 1
+            out.append((token, clause))
+        clause += 1
+    return out
+
+
+def _negated(tokens: list[tuple[str, int]], start: int) -> bool:
+    """Whether a negation cue precedes position ``start`` within its clause ("not only" is none)."""
+    clause = tokens[start][1]
+    j = start - 1
+    while j >= 0 and tokens[j][1] == clause:
+        word = tokens[j][0]
+        if word in _NEGATIONS and not (word == "not" and tokens[j + 1][0] == "only"):
+            return True
+        j -= 1
+    return False
+
+
+def contains_unnegated(prediction: str, references: list[str]) -> bool:
+    """A reference occurs in ``prediction`` as whole normalised words, at least once *not* after a
+    negation cue of its clause. Both sides should already be :func:`fold` ed.
+
+    >>> contains_unnegated("paris, france", ["paris"]), contains_unnegated("not paris", ["paris"])
+    (True, False)
+    >>> contains_unnegated("it is not lyon but paris", ["paris"])
+    True
+    """
+    tokens = _clause_tokens(prediction)
+    words = [t for t, _ in tokens]
+    for reference in references:
+        gold = normalize_answer(reference).split()
+        n = len(gold)
+        for start in range(len(words) - n + 1) if n else ():
+            if words[start : start + n] == gold and not _negated(tokens, start):
+                return True
+    return False
+
+
+def has_negation(text: str) -> bool:
+    """Whether ``text`` holds a negation cue (after normalisation)."""
+    return any(t in _NEGATIONS for t in normalize_answer(text).split())
 
 
 class Verdict(BaseModel):
@@ -60,19 +151,22 @@ class Judge(Protocol):
 
 
 def content_words(text: str) -> list[str]:
-    """Normalised tokens of ``text`` minus stopwords, de-duplicated in order of appearance."""
-    tokens = normalize_answer(text).split()
+    """Folded, normalised tokens of ``text`` minus stopwords, de-duplicated in order of appearance."""
+    tokens = normalize_answer(fold(text)).split()
     return list(dict.fromkeys(t for t in tokens if t not in _STOPWORDS))
 
 
 class RulesJudge:
-    """Rule-based judge: normalised exact match, containment and token F1 (``rules@1``).
+    """Rule-based judge: exact match, containment and token F1 on folded text (``rules@2``).
+
+    Every rule sees both sides through :func:`fold` (accents and case folded) and then the
+    official normalisation; see the module docstring for how that differs from EM/F1.
 
     Args:
         f1_threshold: token F1 at or above which a prediction counts as the same answer.
         use_containment: accept a prediction that contains a reference as whole words
-            ("He was born in Paris" for "Paris"). Lenient with lists of guesses; turn it off
-            to grade terse answers strictly.
+            ("He was born in Paris" for "Paris") unless a negation governs it ("not Paris").
+            Lenient with lists of guesses; turn it off to grade terse answers strictly.
         min_question_overlap: without references, the share of the question's content words
             that must occur in the evidence for the question to count as answerable.
     """
@@ -98,15 +192,24 @@ class RulesJudge:
     def answer(self, prediction: str, references: list[str], question: str = "") -> Verdict:
         """Exact match, else containment, else F1 >= ``f1_threshold``; ``score`` is the best F1.
 
-        ``question`` is accepted for interface parity with LLM judges and unused by the rules.
+        All on :func:`fold` ed text. Containment counts only an occurrence that no negation cue
+        of its clause precedes ("not Paris" is not "Paris"), and a prediction with a negation cue
+        that no reference has never passes on F1 alone ("not Pedro Rodriguez" has F1 0.8
+        against "Pedro Rodriguez"). ``question`` is accepted for interface parity with LLM
+        judges and unused by the rules.
         """
         if not references:
             return self._verdict(False, 0.0, "no reference answer: the question is unanswerable")
-        if exact_match(prediction, references):
+        pred, refs = fold(prediction), [fold(r) for r in references]
+        if exact_match(pred, refs):
             return self._verdict(True, 1.0, "normalised exact match with a reference")
-        score = f1(prediction, references)
-        if self.use_containment and containment(prediction, references):
+        score = f1(pred, refs)
+        if self.use_containment and contains_unnegated(pred, refs):
             return self._verdict(True, score, "a reference occurs in the prediction")
+        if has_negation(pred) and not any(has_negation(r) for r in refs):
+            negated = "a reference occurs only after a negation cue of its clause"
+            extra = "the prediction holds a negation cue that no reference has"
+            return self._verdict(False, score, negated if containment(pred, refs) else extra)
         if score >= self.f1_threshold:
             return self._verdict(True, score, f"token F1 {score:.2f} >= {self.f1_threshold}")
         return self._verdict(False, score, f"token F1 {score:.2f} < {self.f1_threshold}, no match")
@@ -114,20 +217,22 @@ class RulesJudge:
     def answerable(self, question: str, evidence: list[str], references: list[str] | None = None) -> Verdict:
         """Decide answerability from the evidence.
 
-        With ``references`` (gold answer + aliases, all naming the same answer): answerable iff
-        one of them occurs, normalised and as whole words, in the concatenated evidence. An
-        empty list means the question has no answer, so it is not answerable.
+        Evidence, question and references are :func:`fold` ed first. With ``references`` (gold
+        answer + aliases, all naming the same answer): answerable iff one of them occurs,
+        normalised and as whole words, in the concatenated evidence (a negation does not matter
+        here: "born in Paris, not Lyon" holds the fact about Lyon as well). An empty list means
+        the question has no answer, so it is not answerable.
 
         Without references (a heuristic for serving, where gold is unknown): answerable iff
         the evidence is non-empty and contains at least ``min_question_overlap`` of the
         question's content words (normalised tokens that are not stopwords); ``score`` is that
         share. A question with no content words is answerable iff there is any evidence.
         """
-        joined = " ".join(evidence)
+        joined = fold(" ".join(evidence))
         if references is not None:
             if not references:
                 return self._verdict(False, 0.0, "no reference answer exists for this question")
-            found = containment(joined, references)
+            found = containment(joined, [fold(r) for r in references])
             why = "a reference answer occurs in the evidence" if found else "no reference in evidence"
             return self._verdict(bool(found), found, why)
         if not normalize_answer(joined):

@@ -8,18 +8,26 @@ the protocol (EVO-RAG's refusal reward, an LLM-judge metric) switches from the e
     judge.answer("Eiffel Tower", ["The Eiffel Tower"]).verdict   # True
 
 For many items at once, use :class:`JudgeClient` (one HTTP request per batch).
+
+When the service cannot be reached (refused or dropped connection, timeout, a 5xx answer),
+:class:`RemoteJudge` decides with the embedded :class:`~hoprl.judging.RulesJudge` instead of
+raising, and says so in the verdict (``fallback=True``, ``fallback_reason``) and in a warning:
+a training run whose judge died keeps going with rules verdicts it can tell apart.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from hoprl.clients.http import ServiceClient, client_options
+from hoprl.clients.http import ServiceClient, ServiceError, client_options
 from hoprl.clients.http import check as _check
-from hoprl.judging import Verdict
+from hoprl.judging import RulesJudge, Verdict
+
+log = logging.getLogger("hoprl.clients.judge")
 
 MAX_TEXT = 20_000  # characters in a question, prediction or reference
 MAX_PASSAGE = 100_000  # characters in one evidence passage
@@ -70,8 +78,10 @@ class JudgeVerdict(Verdict):
     """A :class:`~hoprl.judging.Verdict` plus how the service produced it."""
 
     cached: bool = Field(default=False, description="served from the cache, no backend call")
-    fallback: bool = Field(default=False, description="the LLM failed and the rules decided")
-    fallback_reason: str | None = Field(default=None, description="why the LLM verdict is missing")
+    fallback: bool = Field(
+        default=False, description="the LLM (or, client-side, the judge service) failed and the rules decided"
+    )
+    fallback_reason: str | None = Field(default=None, description="why the LLM or service verdict is missing")
 
 
 class VerdictsResponse(BaseModel):
@@ -125,25 +135,69 @@ class RemoteJudge:
     The verdicts are :class:`JudgeVerdict` (a ``Verdict`` subclass), so callers that record
     ``verdict.model_dump()`` also keep ``cached`` and ``fallback``. Unlike ``RulesJudge``,
     :meth:`answer` with no references raises ``ValueError`` (the service answers such an item
-    with HTTP 422): an answer cannot be graded without a reference. Service errors raise
-    :class:`~hoprl.clients.retriever.ServiceError`.
+    with HTTP 422): an answer cannot be graded without a reference.
+
+    When the service is unreachable (any :class:`httpx.TransportError`: connection refused or
+    reset, a timeout, a server that died mid-response) or answers 5xx, the verdict comes from
+    ``fallback`` (the rules judge) with ``fallback=True`` and the reason; a warning is logged when
+    the service goes away and an info line when it answers again. A 4xx (a bad item, a wrong API
+    key) still raises :class:`~hoprl.clients.http.ServiceError`: the rules cannot fix a request.
 
     Args:
         base_url: the judge service, e.g. ``http://127.0.0.1:8003``; or pass ``client``.
+        fallback: the judge to decide when the service cannot (default ``RulesJudge()``).
     """
 
-    def __init__(self, base_url: str | None = None, client: JudgeClient | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        client: JudgeClient | None = None,
+        fallback: RulesJudge | None = None,
+    ) -> None:
         if client is None and base_url is None:
             raise ValueError("RemoteJudge needs base_url (e.g. 'http://127.0.0.1:8003') or client")
         self.client = client or JudgeClient(str(base_url))
+        self.fallback = fallback or RulesJudge()
+        self.down: str | None = None  # the reason while the service is unreachable
 
     def answer(self, prediction: str, references: list[str], question: str = "") -> Verdict:
         item = AnswerItem(question=question, prediction=prediction, references=references)
-        return self.client.answer([item])[0]
+        try:
+            verdict = self.client.answer([item])[0]
+        except (httpx.TransportError, ServiceError) as exc:
+            reason = self._unreachable(exc)
+            return _fell_back(self.fallback.answer(prediction, references, question), reason)
+        return self._back(verdict)
 
     def answerable(self, question: str, evidence: list[str], references: list[str] | None = None) -> Verdict:
         item = AnswerableItem(question=question, evidence=evidence, references=references)
-        return self.client.answerable([item])[0]
+        try:
+            verdict = self.client.answerable([item])[0]
+        except (httpx.TransportError, ServiceError) as exc:
+            reason = self._unreachable(exc)
+            return _fell_back(self.fallback.answerable(question, evidence, references), reason)
+        return self._back(verdict)
+
+    def _unreachable(self, exc: httpx.TransportError | ServiceError) -> str:
+        """Why the service gave no verdict; re-raises a 4xx, which the rules cannot fix."""
+        if isinstance(exc, ServiceError) and exc.status < 500:
+            raise exc
+        what = f"HTTP {exc.status}" if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
+        reason = f"judge service at {self.client.http.base_url} unavailable ({what}); the rules decided"
+        if self.down is None:
+            log.warning("%s; later verdicts fall back to the rules until it answers again", reason)
+        self.down = reason
+        return reason
+
+    def _back(self, verdict: JudgeVerdict) -> JudgeVerdict:
+        if self.down is not None:
+            log.info("judge service at %s answers again", self.client.http.base_url)
+            self.down = None
+        return verdict
 
     def close(self) -> None:
         self.client.close()
+
+
+def _fell_back(verdict: Verdict, reason: str) -> JudgeVerdict:
+    return JudgeVerdict.model_validate(verdict.model_dump() | {"fallback": True, "fallback_reason": reason})

@@ -11,6 +11,11 @@ An empty answer list (an unanswerable question) scores 0.0: there is nothing to 
 
 Metrics are registered by versioned name (``"em@1"``); bump the version when a definition
 changes so old and new scores are never compared by accident.
+
+These are the official definitions, accents included: ``exact_match("Pedro Rodriguez",
+["Pedro Rodríguez"])`` is 0.0, as in the HotpotQA and SQuAD scripts, so reported EM/F1 compare
+with published numbers. The judge (:mod:`hoprl.judging`) folds accents and reads negations on
+top of them, because it decides whether two answers *mean* the same.
 """
 
 from __future__ import annotations

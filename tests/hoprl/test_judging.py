@@ -1,11 +1,13 @@
 """RulesJudge: answer equivalence and answerability, table-driven, plus real HotpotQA evidence."""
 
 import json
+import unicodedata
 from pathlib import Path
 
 import pytest
 
-from hoprl.judging import Judge, RulesJudge, Verdict, content_words
+from hoprl.judging import RULES_VERSION, Judge, RulesJudge, Verdict, content_words, fold
+from hoprl.metrics.answer import exact_match, f1
 
 HOTPOT_DEV = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "hotpotqa_dev.jsonl"
 
@@ -13,16 +15,50 @@ HOTPOT_DEV = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "h
 @pytest.mark.parametrize(
     ("prediction", "references", "verdict", "score", "rule"),
     [
+        # -- valid: the same answer ---------------------------------------------------------------
         ("Paris", ["Paris"], True, 1.0, "exact match"),
         ("the Eiffel Tower.", ["Eiffel Tower"], True, 1.0, "exact match"),
         ("Lutetia", ["Paris", "Lutetia"], True, 1.0, "exact match"),  # an alias counts
         # containment: p=1/5, r=1 -> F1 1/3 is still the reported score
         ("He was born in Paris.", ["Paris"], True, 1 / 3, "occurs in the prediction"),
+        ("Paris, France", ["Paris"], True, 2 / 3, "occurs in the prediction"),  # p=1/2, r=1
         # F1 only: p=2/3, r=1 -> 0.8, at the default threshold
         ("Smith John Jr", ["John Smith"], True, 0.8, "F1 0.80 >= 0.8"),
+        # accents folded on both sides (NFKD, marks dropped), and letters NFKD keeps whole
+        ("Pedro Rodriguez", ["Pedro Rodríguez"], True, 1.0, "exact match"),
+        ("PEDRO RODRÍGUEZ", ["pedro rodriguez"], True, 1.0, "exact match"),
+        ("Søren Kierkegaard", ["Soren Kierkegaard"], True, 1.0, "exact match"),
+        ("Antonín Dvořák was the composer", ["Antonin Dvorak"], True, 2 / 3, "occurs"),  # p=2/4
+        # a negation that governs another clause or another name leaves the reference affirmed
+        ("It is not Lyon but Paris", ["Paris"], True, 2 / 7, "occurs"),  # p=1/6, r=1
+        ("Paris, not Lyon", ["Paris"], True, 1 / 2, "occurs"),  # p=1/3
+        ("Lyon? No, Paris.", ["Paris"], True, 1 / 2, "occurs"),  # p=1/3
+        ("Paris (not Lyon)", ["Paris"], True, 1 / 2, "occurs"),
+        ("not only Paris but also Lyon", ["Paris"], True, 2 / 7, "occurs"),  # p=1/6
+        ("the song Not Fade Away", ["Not Fade Away"], True, 6 / 7, "occurs"),  # the cue is the title's
+        ("No", ["no"], True, 1.0, "exact match"),
+        # clause splitting keeps the official tokens: "St. Louis", "1,000,000", "3.5"
+        ("He lived in St. Louis", ["St. Louis"], True, 4 / 7, "occurs"),  # p=2/5
+        ("1,000,000 people", ["1,000,000"], True, 2 / 3, "occurs"),  # p=1/2
+        ("about 3.5 km", ["3.5 km"], True, 0.8, "occurs"),  # "35 km" in "about 35 km": p=2/3
+        # -- invalid: a different answer ------------------------------------------------------------
+        ("not Paris", ["Paris"], False, 2 / 3, "only after a negation"),
+        ("It was never Paris.", ["Paris"], False, 2 / 5, "only after a negation"),  # p=1/4
+        ("Neither Paris nor Lyon", ["Paris"], False, 2 / 5, "only after a negation"),
+        ("It isn’t Paris", ["Paris"], False, 1 / 2, "only after a negation"),  # typographic apostrophe
+        ("He did not die in Paris", ["Paris"], False, 2 / 7, "only after a negation"),  # p=1/6
+        # F1 0.8 would pass, but the prediction negates and the reference does not
+        ("Not Smith John", ["John Smith"], False, 0.8, "negation cue that no reference has"),
         ("John", ["John Smith"], False, 2 / 3, "< 0.8"),
         ("Lyon", ["Paris"], False, 0.0, "no match"),
+        ("Pedro Ramirez", ["Pedro Rodríguez"], False, 0.5, "< 0.8"),
+        ("Parisville", ["Paris"], False, 0.0, "no match"),  # whole words only
+        ("yes", ["no"], False, 0.0, "no match"),  # yes/no only score on equality
+        # -- edge -----------------------------------------------------------------------------------
         ("Paris", [], False, 0.0, "unanswerable"),
+        ("", ["Paris"], False, 0.0, "no match"),
+        ("...", ["Paris"], False, 0.0, "no match"),
+        ("Paris", ["..."], False, 0.0, "no match"),  # a reference that normalises to nothing
     ],
 )
 def test_answer(prediction: str, references: list[str], verdict: bool, score: float, rule: str) -> None:
@@ -30,7 +66,34 @@ def test_answer(prediction: str, references: list[str], verdict: bool, score: fl
     assert v.verdict is verdict
     assert v.score == pytest.approx(score)
     assert rule in v.rationale
-    assert (v.backend, v.version) == ("rules", "rules@1")
+    assert (v.backend, v.version) == ("rules", "rules@2") == ("rules", RULES_VERSION)
+
+
+def test_official_em_and_f1_do_not_fold_accents() -> None:
+    """The judge folds accents; the official EM/F1 (reported next to published numbers) do not."""
+    assert exact_match("Pedro Rodriguez", ["Pedro Rodríguez"]) == 0.0
+    assert f1("Pedro Rodriguez", ["Pedro Rodríguez"]) == pytest.approx(0.5)
+    assert RulesJudge().answer("Pedro Rodriguez", ["Pedro Rodríguez"]).verdict
+
+
+@pytest.mark.parametrize(
+    ("text", "folded"),
+    [
+        ("Pedro Rodríguez", "pedro rodriguez"),
+        ("Pedro Rodri\u0301guez", "pedro rodriguez"),  # decomposed: i + combining acute
+        ("Straße", "strasse"),
+        ("Łódź", "lodz"),
+        ("Æsir", "aesir"),
+        ("ﬁnal", "final"),  # a compatibility ligature
+        ("İstanbul", "istanbul"),
+        ("isn’t", "isn't"),
+        ("東京", "東京"),  # other scripts are not transliterated
+        ("", ""),
+    ],
+)
+def test_fold(text: str, folded: str) -> None:
+    assert fold(text) == folded
+    assert not any(unicodedata.combining(ch) for ch in fold(text))
 
 
 def test_thresholds_are_constructor_settings() -> None:
@@ -49,6 +112,9 @@ def test_thresholds_are_constructor_settings() -> None:
         (["Ana Velo was a painter."], ["Paris"], False),
         ([], ["Paris"], False),
         (["Ana Velo was born in Paris."], [], False),  # no answer exists
+        (["Ana Velo was born in Bogotá."], ["Bogota"], True),  # accents folded
+        (["Ana Velo was born in Bogota."], ["Bogotá"], True),
+        (["Ana Velo was born in Lyon, not Paris."], ["Paris"], True),  # evidence: negation is moot
     ],
 )
 def test_answerable_with_references(evidence: list[str], references: list[str], verdict: bool) -> None:

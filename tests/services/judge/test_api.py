@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
-from hoprl.judging import RulesJudge
+from hoprl.judging import RULES_VERSION, RulesJudge
 
 from .conftest import judge_service
 
@@ -18,6 +18,8 @@ ANSWER_TABLE = [
     ("Jane Marie Roe", ["Jane Roe"], True, 0.8, "token F1 0.80 >= 0.8"),
     ("Lyon", ["Paris"], False, 0.0, "token F1 0.00 < 0.8"),
     ("", ["Paris"], False, 0.0, "token F1 0.00 < 0.8"),  # an empty prediction is allowed, and wrong
+    ("Pedro Rodriguez", ["Pedro Rodríguez"], True, 1.0, "normalised exact match"),  # accents folded
+    ("not Paris", ["Paris"], False, 2 / 3, "a reference occurs only after a negation"),  # P 1/2, R 1
 ]
 
 # (question, evidence, references, verdict, score)
@@ -46,7 +48,7 @@ def test_answer_verdicts_follow_the_rules_table(rules_url: str) -> None:
         assert got.score == pytest.approx(score)
         assert (got.backend, got.version, got.fallback, got.fallback_reason) == (
             "rules",
-            "rules@1",
+            RULES_VERSION,
             False,
             None,
         )

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
+from hoprl.judging import RULES_VERSION
 from services.judge.backends import parse_verdict
 from services.judge.prompts import load_prompt
 
@@ -116,7 +117,7 @@ def test_a_failing_llm_falls_back_to_rules_after_the_retries() -> None:
     assert (verdict.verdict, verdict.backend, verdict.version, verdict.fallback) == (
         True,
         "rules",
-        "rules@1",
+        RULES_VERSION,
         True,
     )
     assert verdict.fallback_reason is not None and "3 attempt(s) failed" in verdict.fallback_reason
