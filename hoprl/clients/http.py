@@ -1,7 +1,13 @@
-"""What every typed service client shares: the error type, the response check, the lifecycle."""
+"""What every typed service client shares: the error type, the response check, the lifecycle.
+
+Every client sends the services' API key as ``Authorization: Bearer <key>``: the ``api_key=``
+argument when given, else ``$HOPRL_API_KEY`` (what the services themselves read; see
+:mod:`services.security`), else nothing (services started without a key are open).
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Self
 
 import httpx
@@ -12,11 +18,25 @@ import httpx
 # searches. Our servers keep idle connections SERVER_KEEP_ALIVE_S, the clients CLIENT_KEEP_ALIVE_S.
 SERVER_KEEP_ALIVE_S = 30
 CLIENT_KEEP_ALIVE_S = 2.0
+#: the environment variable holding the key every service requires when it is set
+API_KEY_ENV = "HOPRL_API_KEY"
+
+
+def api_key(explicit: str | None = None) -> str | None:
+    """The key to send: ``explicit`` when given (``""`` = send none), else ``$HOPRL_API_KEY``."""
+    key = os.environ.get(API_KEY_ENV) if explicit is None else explicit
+    return key or None
 
 
 def client_options(timeout: float, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """httpx client options: the timeout, connection limits with the keep-alive above, then ``kwargs``."""
-    return {"timeout": timeout, "limits": httpx.Limits(keepalive_expiry=CLIENT_KEEP_ALIVE_S), **kwargs}
+    """httpx client options: the timeout, connection limits with the keep-alive above, the API key
+    header (``kwargs["api_key"]`` or ``$HOPRL_API_KEY``), then the other ``kwargs``."""
+    kwargs = dict(kwargs)
+    key = api_key(kwargs.pop("api_key", None))
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers.update(kwargs.pop("headers", None) or {})
+    limits = httpx.Limits(keepalive_expiry=CLIENT_KEEP_ALIVE_S)
+    return {"timeout": timeout, "limits": limits, "headers": headers, **kwargs}
 
 
 class ServiceError(RuntimeError):
@@ -41,7 +61,10 @@ def check(response: httpx.Response) -> Any:
 
 
 class ServiceClient:
-    """A blocking client of one hoprl service: ``with RetrieverClient(url) as client: ...``."""
+    """A blocking client of one hoprl service: ``with RetrieverClient(url) as client: ...``.
+
+    ``kwargs`` go to :class:`httpx.Client`, except ``api_key`` (default ``$HOPRL_API_KEY``).
+    """
 
     def __init__(self, base_url: str, timeout: float = 60.0, **kwargs: Any) -> None:
         self.http = httpx.Client(base_url=base_url, **client_options(timeout, kwargs))

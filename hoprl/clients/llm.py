@@ -27,6 +27,8 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
+from hoprl.clients.http import api_key as service_api_key
+
 log = logging.getLogger(__name__)
 
 
@@ -78,7 +80,8 @@ class LLMClient:
     Args:
         base_url: the server's OpenAI root, e.g. ``http://127.0.0.1:8002/v1``.
         model: model name sent with each request.
-        api_key: servers without auth accept any key; ``"EMPTY"`` is vLLM's convention.
+        api_key: the bearer key; default ``$HOPRL_API_KEY`` (the policy service's key), else
+            ``"EMPTY"`` (vLLM's convention: servers without auth accept any key).
         timeout: seconds per request.
         retries: retries on connection errors, 408/409/429 and 5xx (the SDK's backoff).
     """
@@ -87,12 +90,13 @@ class LLMClient:
         self,
         base_url: str,
         model: str,
-        api_key: str = "EMPTY",
+        api_key: str | None = None,
         timeout: float = 60.0,
         retries: int = 2,
     ) -> None:
         self.model = model
-        self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=retries)
+        key = service_api_key(api_key) or "EMPTY"
+        self.client = AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=retries)
 
     async def chat(
         self,

@@ -15,6 +15,7 @@ from services.judge.backends import make_backend
 from services.judge.cache import make_cache
 from services.judge.routes import router
 from services.judge.settings import JudgeSettings
+from services.security import install_api_key
 
 
 def create_app(settings: JudgeSettings | None = None) -> FastAPI:
@@ -38,6 +39,7 @@ def create_app(settings: JudgeSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
+    install_api_key(app)
     app.include_router(router)
 
     @app.get("/healthz", operation_id="healthz")

@@ -21,6 +21,7 @@ from services.policy.engines import Engine, OpenAIEngine, TransformersEngine, Vl
 from services.policy.model import resolve_model
 from services.policy.routes import router
 from services.policy.settings import PolicySettings
+from services.security import install_api_key
 
 
 def create_engine(settings: PolicySettings) -> Engine:
@@ -59,6 +60,7 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_api_key(app)
     app.include_router(router)
 
     @app.get("/healthz", operation_id="healthz")

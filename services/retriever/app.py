@@ -13,6 +13,7 @@ from services.errors import error_response, install_error_handlers
 from services.retriever.index import HybridIndex
 from services.retriever.routes import router
 from services.retriever.settings import RetrieverSettings
+from services.security import install_api_key
 
 
 def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
@@ -33,6 +34,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_api_key(app)
     app.include_router(router)
 
     @app.get("/healthz", operation_id="healthz")

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 import hoprl
 from hoprl.registry.store import Registry
 from services.errors import error_response, install_error_handlers
+from services.security import install_api_key
 from services.trainer.queue import JobQueue
 from services.trainer.routes import router
 from services.trainer.settings import TrainerSettings
@@ -37,6 +38,7 @@ def create_app(settings: TrainerSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_api_key(app)
     app.include_router(router)
 
     @app.get("/healthz", operation_id="healthz")

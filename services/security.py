@@ -1,0 +1,171 @@
+"""API keys for every service: one shared key, ``HOPRL_API_KEY``, checked by one ASGI middleware.
+
+Each service's app factory calls :func:`install_api_key`. With ``HOPRL_API_KEY`` set, every request
+needs ``Authorization: Bearer <key>``, except the health probes and the API docs
+(:data:`OPEN_PATHS`) and the admin routes (``/v1/admin/*``), which keep their own token
+(``POLICY_ADMIN_TOKEN``): there is one ``Authorization`` header, and the admin token is the
+stronger secret. Without the header (or with another scheme) the answer is 401 with
+``WWW-Authenticate: Bearer``; a wrong key is 403. Both carry the usual JSON error body. The key
+is compared with :func:`secrets.compare_digest`, so the time taken does not leak how many leading
+characters matched.
+
+Unset (the embedded default, services on 127.0.0.1) means open; the service logs a warning when it
+starts. The clients (:mod:`hoprl.clients`) send ``$HOPRL_API_KEY`` by default, so services that
+call each other, flows and CLI commands need nothing else::
+
+    HOPRL_API_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe(32))') hoprl serve retriever
+    curl -H "Authorization: Bearer $HOPRL_API_KEY" http://127.0.0.1:8001/v1/collections
+
+Why a middleware rather than a FastAPI dependency: it sees every request, including routes added
+later and unknown paths (an unauthenticated caller cannot probe which routes exist), and it needs
+no change to any route. The OpenAPI document still shows the lock on each protected operation
+(:func:`_openapi_with_security`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from fastapi.security.utils import get_authorization_scheme_param
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hoprl.clients.http import API_KEY_ENV
+from hoprl.schemas import ErrorBody
+from services.errors import error_response
+
+log = logging.getLogger("hoprl.security")
+
+#: paths that never need the key: liveness and readiness probes, the API docs
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+#: routes guarded by their own admin token instead of the API key
+ADMIN_PREFIX = "/v1/admin/"
+#: the policy's OpenAI-compatible routes answer in OpenAI's error envelope, so the official
+#: client's ``e.message`` / ``e.code`` work on a 401 / 403 too
+OPENAI_PATHS = frozenset({"/v1/models", "/v1/chat/completions", "/v1/completions"})
+API_KEY_SCHEME = "ApiKey"
+ADMIN_SCHEME = "AdminToken"
+
+
+def api_key_from_env() -> str | None:
+    """``$HOPRL_API_KEY``, or None when unset or empty; a key that cannot travel in a header raises."""
+    key = os.environ.get(API_KEY_ENV, "")
+    if not key:
+        return None
+    if not key.isascii() or not key.isprintable() or key != key.strip() or " " in key:
+        raise ValueError(
+            f"{API_KEY_ENV} must be printable ASCII without spaces (it is sent as 'Authorization: "
+            "Bearer <key>'); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    return key
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI middleware: 401 / 403 for requests without the right bearer key.
+
+    ``key=None`` lets every request through and only logs the start-up warning.
+    """
+
+    def __init__(self, app: ASGIApp, key: str | None, service: str) -> None:
+        self.app = app
+        self.key = key.encode() if key else None
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return await self.app(scope, self._announce(receive), send)
+        if scope["type"] != "http" or self.key is None or self._open(scope["path"]):
+            return await self.app(scope, receive, send)
+        scheme, token = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
+        if scheme.lower() != "bearer" or not token:
+            message = f"this service needs 'Authorization: Bearer <{API_KEY_ENV}>'"
+            response = _error(scope["path"], 401, "unauthorized", message)
+            response.headers["WWW-Authenticate"] = "Bearer"
+        elif not secrets.compare_digest(token.encode(), self.key):
+            message = f"the API key is wrong (it must equal {API_KEY_ENV})"
+            response = _error(scope["path"], 403, "forbidden", message)
+        else:
+            return await self.app(scope, receive, send)
+        await response(scope, receive, send)
+
+    @staticmethod
+    def _open(path: str) -> bool:
+        return path in OPEN_PATHS or path.startswith(ADMIN_PREFIX)
+
+    def _announce(self, receive: Receive) -> Receive:
+        """``receive`` that logs whether the key is required when the server starts."""
+
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                if self.key is None:
+                    log.warning(
+                        "%s: %s is unset, so every route is open to anyone who can reach this port; "
+                        "set it for any deployment beyond 127.0.0.1", self.service, API_KEY_ENV,
+                    )  # fmt: skip
+                else:
+                    log.info("%s: every route but %s needs the API key", self.service, sorted(OPEN_PATHS))
+            return message
+
+        return wrapped
+
+
+def _error(path: str, status: int, code: str, message: str) -> JSONResponse:
+    """The service's JSON error body, or OpenAI's envelope on the OpenAI-compatible routes."""
+    if path not in OPENAI_PATHS:
+        return error_response(status, code, message)
+    kind = "authentication_error" if status == 401 else "permission_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def install_api_key(app: FastAPI, key: str | None = None) -> None:
+    """Require the API key on ``app`` (``key``, else ``$HOPRL_API_KEY``) and document it in OpenAPI."""
+    key = key or api_key_from_env()
+    app.add_middleware(ApiKeyMiddleware, key=key, service=app.title)
+    app.openapi = _openapi_with_security(app, app.openapi)  # type: ignore[method-assign]
+
+
+def _openapi_with_security(app: FastAPI, build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """``app.openapi`` plus the bearer schemes, each protected operation's lock and its 401 / 403."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        components = schema.setdefault("components", {})
+        components.setdefault("schemas", {}).setdefault(
+            "ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+        )
+        components.setdefault("securitySchemes", {})[API_KEY_SCHEME] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": f"the service's {API_KEY_ENV}; required when the service runs with it set",
+        }
+        for path, operations in schema.get("paths", {}).items():
+            if path in OPEN_PATHS:
+                continue
+            model = "ErrorBody"
+            if path in OPENAI_PATHS and "OpenAIErrorResponse" in components["schemas"]:
+                model = "OpenAIErrorResponse"
+            error = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}}}
+            admin = path.startswith(ADMIN_PREFIX)
+            if admin:
+                components["securitySchemes"][ADMIN_SCHEME] = {
+                    "type": "http", "scheme": "bearer", "description": "the service's admin token",
+                }  # fmt: skip
+            for operation in operations.values():
+                operation["security"] = [{ADMIN_SCHEME if admin else API_KEY_SCHEME: []}]
+                responses = operation.setdefault("responses", {})
+                responses.setdefault("401", {"description": "no bearer key", **error})
+                responses.setdefault("403", {"description": "wrong key", **error})
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
