@@ -1,20 +1,22 @@
 """R2AG's progressive iterative training: grow a retrieval forest one level per round, train on it.
 
-A *forest* is one :class:`~hoprl.recipes.r2ag.RetrievalTree` per question of a batch
-(``questions_per_step`` questions, drawn with the job's seed). **One round is one optimizer step
-(one registry step) and trains on the expansions of one tree level.** Round ``k`` of a forest:
+A *forest* holds the retrieval trees of a batch of questions (``questions_per_step`` questions,
+drawn with the job's seed; one tree each to begin with). **One round is one optimizer step (one
+registry step) and trains on the expansions of one tree level.** Round ``k`` of a forest:
 
 1. **expand**: for every open leaf of every tree (:meth:`RetrievalTree.frontier`: the root in
-   round 1, afterwards the leaves of the surviving branches), the current policy samples
+   round 1, afterwards the gold hits of the level before), the current policy samples
    ``num_generations`` expansions. The prompt is R2AG's system prompt, the question, the pruned
    tree so far (:func:`~hoprl.recipes.r2ag.context`) and the node to expand. An expansion is one
    policy turn of the R2AG protocol run by the agent loop (:class:`LeafRecipe`): its ``<base-Q>`` /
-   ``<predicted-Q>`` sub-queries go to the retriever (top-1 each), or it stops.
+   ``<predicted-Q>`` sub-queries go to the retriever (top-1 each), or it stops
+   (``<base-Q>stop retrieval</base-Q>``, which never reaches the retriever).
 2. **score**: each expansion is a one-step episode scored by the Top-Survivor reward
-   (:func:`~hoprl.recipes.r2ag.score_episode`) with the gold titles the tree already holds as
-   ``meta["found_titles"]``: Multi-Hit and AP credit only documents new to the tree, and a stop
-   earns Joint-Hit only when the tree holds every gold document. The expansions go to the
-   registry (question id, sample = leaf index x ``num_generations`` + sample).
+   (:meth:`R2ag.score`) with the gold titles its tree already holds as ``meta["found_titles"]``:
+   Multi-Hit credits only documents new to the tree, and a stop earns Joint-Hit only when the tree
+   holds every gold document (a stop before that zeroes the expansion's reward). The expansions go
+   to the registry (question id, sample = the leaf's index among the question's open leaves x
+   ``num_generations`` + sample).
 3. **train**: a leaf's samples are a group; advantages are GRPO's ``(R - mean) / (std + 1e-4)``
    within it (``scale_rewards``: ``batch`` divides by the level's std instead, ``none``, the
    ``dr_grpo`` default, by nothing); groups whose rewards have zero spread are dropped (DAPO's
@@ -25,9 +27,10 @@ A *forest* is one :class:`~hoprl.recipes.r2ag.RetrievalTree` per question of a b
    ``B x token_budget`` (``dr_grpo``). With one update per batch ``rho`` is 1 when the gradient is
    taken (as in TRL with one iteration per generation), so the clip ``epsilon`` / ``epsilon_high``
    (0.2 / 0.28) is the DAPO objective's shape rather than an active constraint.
-4. **grow and prune**: each leaf grows by its group's best expansion (highest reward, first sample
-   on a tie: the top survivor), then each tree is pruned to its gold-hit branches
-   (:func:`~hoprl.recipes.r2ag.prune`); the survivors are round ``k+1``'s context.
+4. **grow and prune** (:func:`~hoprl.recipes.r2ag.grow_forest`): every sample's expansion of a
+   tree makes a new tree, pruned to the branches that hit gold; identical trees are kept once, and
+   the trees with an open leaf are round ``k+1``'s forest (at most ``forest_width`` per question
+   when the recipe config sets it; the paper keeps them all).
 
 After ``l_max`` rounds (L_MAX = 5), or as soon as no tree has an open leaf, the next round starts
 a new forest on the next batch of questions. The round, the forest and the batch index are run
@@ -50,7 +53,7 @@ from trl.trainer.utils import selective_log_softmax
 
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode, RetrievedDoc
+from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.recipes.base import Action
 from hoprl.recipes.r2ag import (
@@ -59,9 +62,10 @@ from hoprl.recipes.r2ag import (
     RetrievalTree,
     context,
     episode_return,
-    expand,
-    prune,
-    score_episode,
+    grow_forest,
+    survivors,
+    tree_from_dict,
+    tree_to_dict,
 )
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
@@ -72,6 +76,7 @@ from services.trainer.rollout import RolloutOptions, TrainingEngine, generation_
 
 log = logging.getLogger("hoprl.trainer")
 LOOP = "r2ag-rounds"
+__all__ = ["R2agRounds", "group_advantages", "level_advantages", "tree_from_dict", "tree_to_dict"]
 
 
 class LeafRecipe:
@@ -266,7 +271,8 @@ class R2agRounds:
         with generation_mode(self.model, self.opts.torch_threads):
             level = asyncio.run(self.expansions())
         rollout_s = time.perf_counter() - began
-        flat = [ep for group in level for ep in group]
+        groups = [group for tree_groups in level for group in tree_groups]
+        flat = [ep for group in groups for ep in group]
         rewards = [episode_return(ep, self.recipe.config) for ep in flat]
         self.registry.write_episodes(
             self.run_id,
@@ -274,13 +280,15 @@ class R2agRounds:
             flat,
             [{**signal_sums(ep), "total": r} for ep, r in zip(flat, rewards, strict=True)],
         )
-        kept_eps, kept_adv, dropped, start = [], [], 0, 0
-        grouped = []
-        for group in level:
+        grouped, start = [], 0
+        for group in groups:
             grouped.append(rewards[start : start + len(group)])
             start += len(group)
+        kept_eps: list[Episode] = []
+        kept_adv: list[float] = []
+        dropped = 0
         scaling = reward_scaling(self.hp, self.request.objective)
-        for group, adv in zip(level, level_advantages(grouped, scaling), strict=True):
+        for group, adv in zip(groups, level_advantages(grouped, scaling), strict=True):
             if adv is None:
                 dropped += 1
                 continue
@@ -289,7 +297,7 @@ class R2agRounds:
         metrics = {
             "reward": sum(rewards) / len(rewards),
             "round": float(self.round),
-            "groups": float(len(level)),
+            "groups": float(len(groups)),
             "dynamic/dropped": float(dropped),
             "rollout_s": rollout_s,
             "step": float(step),
@@ -304,19 +312,17 @@ class R2agRounds:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.optimizer.step()
             metrics["loss"] = float(loss.item())
-        self.grow(level, rewards)
-        metrics["gold_found"] = sum(
-            len(t.found_titles()) / max(len(t.gold_titles), 1) for t in self.forest
-        ) / len(self.forest)
+        metrics |= self.grow(level)
         metrics["step_time"] = time.perf_counter() - began
         return metrics
 
-    async def expansions(self) -> list[list[Episode]]:
-        """``num_generations`` scored expansions per open leaf, grouped by leaf, trees in order."""
+    async def expansions(self) -> list[list[list[Episode]]]:
+        """Per tree, per open leaf, its ``num_generations`` scored expansions (trees in forest order)."""
         chat = EngineChat(self.engine)
         retriever = AsyncRetrieverClient(self.opts.retriever_url)
         g = self.opts.num_generations
         episode_opts = {k: v for k, v in self.opts.episode.items() if k != "max_steps"}
+        by_id = {q.id: q for q in self.questions}
 
         async def one(question: Question, tree: RetrievalTree, leaf: Node, index: int) -> list[Episode]:
             recipe = LeafRecipe(self.recipe, leaf_messages(self.recipe, question, tree, leaf))
@@ -336,36 +342,43 @@ class R2agRounds:
             for ep in eps:
                 ep.sample += index * g  # unique per (round step, question) for the registry key
                 ep.meta |= {"found_titles": found, "round": self.round, "node": leaf.query}
-                out.append(score_episode(ep, self.recipe.config))
+                out.append(self.recipe.score(ep))
             return out
 
-        jobs = [
-            one(q, tree, leaf, i)
-            for q, tree in zip(self.questions, self.forest, strict=True)
-            for i, leaf in enumerate(tree.frontier(self.l_max))
-        ]
+        leaf_index: dict[str, int] = {}
+        jobs = []
+        for tree in self.forest:
+            for leaf in tree.frontier(self.l_max):
+                index = leaf_index[tree.question_id] = leaf_index.get(tree.question_id, -1) + 1
+                jobs.append(one(by_id[tree.question_id], tree, leaf, index))
         try:
-            return list(await asyncio.gather(*jobs))
+            flat = list(await asyncio.gather(*jobs))
         finally:
             await retriever.aclose()
-
-    def grow(self, level: list[list[Episode]], rewards: list[float]) -> None:
-        """Each leaf grows by its best expansion; then every tree is pruned to its gold-hit branches."""
-        best, start = [], 0
-        for group in level:
-            scores = rewards[start : start + len(group)]
-            start += len(group)
-            best.append(group[scores.index(max(scores))].steps[0])
-        outputs, start = [], 0
+        level, start = [], 0
         for tree in self.forest:
             n = len(tree.frontier(self.l_max))
-            outputs.append(best[start : start + n])
+            level.append(flat[start : start + n])
             start += n
-        expand(self.forest, outputs, self.l_max)
-        self.forest = [prune(tree) for tree in self.forest]
+        return level
+
+    def grow(self, level: list[list[list[Episode]]]) -> dict[str, float]:
+        """Every sample's pruned tree propagates (:func:`grow_forest`); returns the forest's metrics."""
+        steps = [[[expansion_step(ep) for ep in group] for group in groups] for groups in level]
+        grown = grow_forest(self.forest, steps, self.l_max)
+        found: dict[str, float] = {}
+        for tree in grown:
+            share = len(tree.found_titles()) / max(len(tree.gold_titles), 1)
+            found[tree.question_id] = max(found.get(tree.question_id, 0.0), share)
+        self.forest = survivors(grown, self.l_max, self.recipe.config.forest_width)
+        metrics = {
+            "gold_found": sum(found.values()) / len(self.questions),
+            "trees": float(len(self.forest)),
+        }
         self.round += 1
         if self.round > self.l_max or self.open_leaves() == 0:
             self.new_forest(self.batch + 1)
+        return metrics
 
     # -- run state --------------------------------------------------------------------------------
 
@@ -387,34 +400,17 @@ class R2agRounds:
         self.forest = [tree_from_dict(t) for t in state["forest"]]
 
 
+def expansion_step(episode: Episode) -> Step:
+    """The expansion an episode made; an episode cut before its first step closes the leaf."""
+    if episode.steps:
+        return episode.steps[0]
+    return Step(t=1, action="format_error", text="", error=f"no expansion ({episode.outcome})")
+
+
 def signal_sums(episode: Episode) -> dict[str, float]:
     """Per Top-Survivor signal, its sum over the episode's steps (the registry's reward columns)."""
     sums: dict[str, float] = {}
     for step in episode.steps:
         for name, value in step.signals.items():
-            sums[f"r2ag_{name}@1"] = sums.get(f"r2ag_{name}@1", 0.0) + value
+            sums[f"r2ag_{name}@2"] = sums.get(f"r2ag_{name}@2", 0.0) + value
     return sums
-
-
-def node_to_dict(node: Node) -> dict[str, Any]:
-    return {
-        "query": node.query,
-        "kind": node.kind,
-        "closed": node.closed,
-        "doc": node.doc.model_dump() if node.doc else None,
-        "children": [node_to_dict(c) for c in node.children],
-    }
-
-
-def node_from_dict(data: dict[str, Any]) -> Node:
-    doc = RetrievedDoc.model_validate(data["doc"]) if data["doc"] else None
-    children = [node_from_dict(c) for c in data["children"]]
-    return Node(data["query"], data["kind"], doc, children, data["closed"])
-
-
-def tree_to_dict(tree: RetrievalTree) -> dict[str, Any]:
-    return {"question": tree.question, "gold_titles": tree.gold_titles, "root": node_to_dict(tree.root)}
-
-
-def tree_from_dict(data: dict[str, Any]) -> RetrievalTree:
-    return RetrievalTree(data["question"], list(data["gold_titles"]), node_from_dict(data["root"]))

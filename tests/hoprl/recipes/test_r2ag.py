@@ -1,11 +1,31 @@
-"""R2AG: Top-Survivor reward pieces recomputed by hand, the forest, and expansion parsing."""
+"""R2AG: the Top-Survivor reward recomputed by hand from Eq. 5 / App. G, the protocol, the forest.
+
+Every expected number below is derived in the comments from the paper's formulas (DESIGN.md §1):
+
+    R     = a R_MH + b R_JH + g R_AP + w R_f            a=0.2, b=0.3, g=0.2, w=1, l=1.25
+    R_MH  = R_MH^b + l R_MH^p   raw counts of gold top-1 documents new to the episode, per type
+    R_AP  = R_AP^b + R_AP^p     each (1/|g|) sum_{u<=t} P@u 1{r_u in g}, t = 4 base / 2 predicted
+    R_JH  = 1 on a stop when every gold document has been retrieved
+    R_f   = 0.01 per <base-Q>/<predicted-Q> segment after a <think>; w R_f <= 0.02
+    R     = 0 when a <think> is missing or the stop comes before all gold is found
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from hoprl.agent.runner import run_episode
 from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
+from hoprl.data.corpus import pool
 from hoprl.data.synthetic import generate, hops_for
+from hoprl.evaluation import ensure_indexed
 from hoprl.recipes.r2ag import (
     SIGNALS,
     Node,
@@ -17,12 +37,20 @@ from hoprl.recipes.r2ag import (
     episode_return,
     episode_step_rewards,
     expand,
+    grow_forest,
     parse_expansion,
     prune,
     score_episode,
+    survivors,
 )
+from services.local import LocalServer
+from services.retriever.app import create_app
+from services.retriever.settings import RetrieverSettings
+from services.trainer.sft import ExpertChat, expert_episodes
 
-GOLD = ["A", "B", "C", "D"]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+TAG = {"base": "base-Q", "predicted": "predicted-Q"}
+STOP = "<base-Q>stop retrieval</base-Q><predicted-Q>none</predicted-Q>"
 
 
 def doc(title: str) -> RetrievedDoc:
@@ -30,171 +58,254 @@ def doc(title: str) -> RetrievedDoc:
 
 
 def expansion(t: int, *subs: tuple[str, str], think: bool = True) -> Step:
-    """A search step; ``subs`` are (kind, top-1 title) pairs, the query named after the title."""
-    tags = {"base": "base-Q", "predicted": "predicted-Q"}
-    text = ("<think>plan</think>" if think else "") + "".join(
-        f"<{tags[k]}>q {x}</{tags[k]}>" for k, x in subs
-    )
-    return Step(
-        t=t,
-        action="search",
-        text=text + "<end/>",
-        queries=[f"q {x}" for _, x in subs],
-        query_kinds=[k for k, _ in subs],
-        docs=[[doc(x)] for _, x in subs],
-    )
+    """A search step; ``subs`` are (kind, top-1 title) pairs, each query named after its title."""
+    text = ("<think>plan</think>" if think else "") + "".join(f"<{TAG[k]}>q {x}</{TAG[k]}>" for k, x in subs)
+    return Step(t=t, action="search", text=text + "<end/>", queries=[f"q {x}" for _, x in subs],
+                query_kinds=[k for k, _ in subs], docs=[[doc(x)] for _, x in subs])  # fmt: skip
 
 
 def stop(t: int, think: bool = True) -> Step:
-    return Step(t=t, action="stop", text=("<think>done</think>" if think else "") + "stop retrieval<end/>")
+    return Step(t=t, action="stop", text=("<think>done</think>" if think else "") + STOP + "<end/>")
 
 
-def ep(*steps: Step, gold: list[str] = GOLD, found: list[str] | None = None) -> Episode:
+def ep(*steps: Step, gold: tuple[str, ...] = ("A", "B"), found: list[str] | None = None) -> Episode:
     meta = {"found_titles": found} if found else {}
-    return Episode(
-        recipe="r2ag", question_id="q", question="?", gold_titles=gold, steps=list(steps), meta=meta
-    )
+    return Episode(recipe="r2ag", question_id="q", question="?", gold_titles=list(gold), steps=list(steps),
+                   meta=meta)  # fmt: skip
 
 
-def signals(episode: Episode) -> list[dict[str, float]]:
-    return [s.signals for s in score_episode(episode).steps]
+def totals(episode: Episode, config: R2agConfig | None = None) -> dict[str, float]:
+    """Per signal, its sum over the scored episode, plus the Top-Survivor total."""
+    scored = score_episode(episode, config)
+    out = {name: sum(s.signals[name] for s in scored.steps) for name in SIGNALS}
+    return out | {"R": episode_return(scored, config)}
 
 
-# --- average precision ----------------------------------------------------------------------
+# --- the worked example ---------------------------------------------------------------------
+
+
+def test_worked_example_is_0_67() -> None:
+    """Gold {A, B}; one expansion with <think>: base->A, base->X, predicted->B.
+
+    | term    | by hand                                                         | value |
+    |---------|-----------------------------------------------------------------|-------|
+    | R_MH^b  | new gold among the base top-1 results {A, X}: A                  | 1     |
+    | R_MH^p  | new gold among the predicted top-1 results {B}: B                | 1     |
+    | R_MH    | 1 + 1.25 * 1                                                    | 2.25  |
+    | R_AP^b  | (1/|g|)(P@1 * 1{A in g} + P@2 * 1{X in g}) = (1/2)(1*1 + 1/2*0)  | 0.5   |
+    | R_AP^p  | (1/|g|)(P@1 * 1{B in g}) = (1/2)(1*1)                            | 0.5   |
+    | R_AP    | 0.5 + 0.5                                                       | 1.0   |
+    | R_JH    | no stop                                                         | 0     |
+    | R_f     | 3 segments after <think> * 0.01 = 0.03; w R_f capped at 0.02     | 0.02  |
+    | R       | 0.2 * 2.25 + 0.3 * 0 + 0.2 * 1.0 + 0.02                          | 0.67  |
+    """
+    episode = ep(expansion(1, ("base", "A"), ("base", "X"), ("predicted", "B")))
+    assert totals(episode) == pytest.approx({"r_mh": 2.25, "r_jh": 0.0, "r_ap": 1.0, "r_f": 0.02, "R": 0.67})
+    # uncapped: R_f = 0.03, so 0.45 + 0.2 + 0.03 = 0.68
+    assert totals(episode, R2agConfig(format_cap=1.0))["R"] == pytest.approx(0.68)
+    parts = score_episode(episode).meta["r2ag"]["steps"][0]
+    assert parts == pytest.approx({"mh_base": 1, "mh_pred": 1, "ap_base": 0.5, "ap_pred": 0.5})
+
+
+# --- the reward, table-driven ---------------------------------------------------------------
+
+CASES: list[tuple[str, Episode, R2agConfig, dict[str, float]]] = [
+    (
+        # stop after all gold is found. Step 1: R_MH^b = 2 (A, B new); R_AP^b = (1/2)(1*1 + 1*1)
+        # = 1 (P@2 = 2/2). Step 2: R_JH = 1. R_f: 2 segments, then the stop's 2 (base-Q "stop
+        # retrieval", predicted-Q "none") = 0.04, capped at 0.02. R = 0.4 + 0.3 + 0.2 + 0.02.
+        "stop after all gold",
+        ep(expansion(1, ("base", "A"), ("base", "B")), stop(2)),
+        R2agConfig(),
+        {"r_mh": 2.0, "r_jh": 1.0, "r_ap": 1.0, "r_f": 0.02, "R": 0.92},
+    ),
+    (
+        # the same episode without <think> in the stop turn: the total reward is 0
+        "missing think (stop turn)",
+        ep(expansion(1, ("base", "A"), ("base", "B")), stop(2, think=False)),
+        R2agConfig(),
+        {"r_mh": 0.0, "r_jh": 0.0, "r_ap": 0.0, "r_f": 0.0, "R": 0.0},
+    ),
+    (
+        "missing think (search turn)",
+        ep(expansion(1, ("base", "A"), ("base", "X"), ("predicted", "B"), think=False)),
+        R2agConfig(),
+        {"r_mh": 0.0, "r_jh": 0.0, "r_ap": 0.0, "r_f": 0.0, "R": 0.0},
+    ),
+    (
+        # B is never found, yet the policy stops: premature, the total reward is 0
+        "premature stop",
+        ep(expansion(1, ("base", "A")), stop(2)),
+        R2agConfig(),
+        {"r_mh": 0.0, "r_jh": 0.0, "r_ap": 0.0, "r_f": 0.0, "R": 0.0},
+    ),
+    (
+        # base->A twice: R_MH^b counts the document once = 1; R_AP^b = (1/2)(P@1*1 + P@2*0) = 0.5
+        # (the repeat is not relevant again); R_f = 0.02. R = 0.2 + 0.1 + 0.02.
+        "duplicate gold in one step",
+        ep(expansion(1, ("base", "A"), ("base", "A"))),
+        R2agConfig(),
+        {"r_mh": 1.0, "r_jh": 0.0, "r_ap": 0.5, "r_f": 0.02, "R": 0.32},
+    ),
+    (
+        # A again in step 2: not newly retrieved, R_MH = 0 there; R_AP^b is the printed
+        # 1{r_u in g}, 0.5 in both steps. R_f 0.01 + 0.01. R = (0.2 + 0.1 + 0.01) + (0.1 + 0.01).
+        "duplicate gold across steps",
+        ep(expansion(1, ("base", "A")), expansion(2, ("base", "A"))),
+        R2agConfig(),
+        {"r_mh": 1.0, "r_jh": 0.0, "r_ap": 1.0, "r_f": 0.02, "R": 0.42},
+    ),
+    (
+        # A by a base and a predicted branch: each type counts its own new gold, R_MH = 1 + 1.25;
+        # R_AP = 0.5 + 0.5; R = 0.45 + 0.2 + 0.02
+        "same gold by both types",
+        ep(expansion(1, ("base", "A"), ("predicted", "A"))),
+        R2agConfig(),
+        {"r_mh": 2.25, "r_jh": 0.0, "r_ap": 1.0, "r_f": 0.02, "R": 0.67},
+    ),
+    (
+        # Gold A..E; base X, A, B, C, D (5 > t = 4), predicted Y, Z, E (3 > t = 2).
+        # R_MH^b = 4 (A-D: R_MH has no cut-off), R_MH^p = 1 (E): R_MH = 4 + 1.25 = 5.25.
+        # R_AP^b over X, A, B, C: (1/5)(1/2 + 2/3 + 3/4) = 0.383333; R_AP^p over Y, Z: 0.
+        # R_f = 8 segments, capped 0.02. R = 1.05 + 0.0766667 + 0.02.
+        "more than t branches",
+        ep(
+            expansion(1, *[("base", x) for x in "XABCD"], *[("predicted", x) for x in "YZE"]),
+            gold=("A", "B", "C", "D", "E"),
+        ),
+        R2agConfig(),
+        {"r_mh": 5.25, "r_jh": 0.0, "r_ap": (1 / 2 + 2 / 3 + 3 / 4) / 5, "r_f": 0.02, "R": 1.1466667},
+    ),
+    (
+        # The tree already holds A: R_MH^b = 0, R_MH^p = 1 (B); R_AP = 0.5 + 0.5 as printed.
+        # R = 0.2 * 1.25 + 0.2 * 1.0 + 0.02
+        "gold already in the tree",
+        ep(expansion(1, ("base", "A"), ("predicted", "B")), found=["a"]),
+        R2agConfig(),
+        {"r_mh": 1.25, "r_jh": 0.0, "r_ap": 1.0, "r_f": 0.02, "R": 0.47},
+    ),
+    (
+        # <think> earns nothing: one segment after it = 0.01 (R_MH = 1, R_AP = 0.5)
+        "think earns nothing",
+        ep(expansion(1, ("base", "A"))),
+        R2agConfig(),
+        {"r_mh": 1.0, "r_jh": 0.0, "r_ap": 0.5, "r_f": 0.01, "R": 0.31},
+    ),
+    (
+        # w = 0.5: the cap is on w R_f, so R_f may reach 0.04; 3 segments = 0.03, w R_f = 0.015.
+        # R = 0.45 + 0.2 + 0.015
+        "cap on w R_f",
+        ep(expansion(1, ("base", "A"), ("base", "X"), ("predicted", "B"))),
+        R2agConfig(w=0.5),
+        {"r_mh": 2.25, "r_jh": 0.0, "r_ap": 1.0, "r_f": 0.03, "R": 0.665},
+    ),
+    (
+        # no gold at all (unanswerable): stopping at once retrieves "every" gold document,
+        # R_JH = 1; R_f = 0.02. R = 0.3 + 0.02
+        "unanswerable, immediate stop",
+        ep(stop(1), gold=()),
+        R2agConfig(),
+        {"r_mh": 0.0, "r_jh": 1.0, "r_ap": 0.0, "r_f": 0.02, "R": 0.32},
+    ),
+    (
+        # the project's earlier readings, as options, on the worked example:
+        # R_MH / |G| = 2.25 / 2; R_AP = mean(0.5, 0.5) = 0.5. R = 0.225 + 0.1 + 0.02
+        "options: fraction + mean",
+        ep(expansion(1, ("base", "A"), ("base", "X"), ("predicted", "B"))),
+        R2agConfig(multi_hit="fraction", ap_kinds="mean"),
+        {"r_mh": 1.125, "r_jh": 0.0, "r_ap": 0.5, "r_f": 0.02, "R": 0.345},
+    ),
+    (
+        # ap_relevant="new", ap_norm="missing" with A already found: base ranking A (old, not
+        # relevant), predicted B (new): R_AP^b = 0, R_AP^p = (1/min(2, 1)) * 1 = 1.
+        # R = 0.2 * 1.25 + 0.2 * 1 + 0.02
+        "options: new + missing",
+        ep(expansion(1, ("base", "A"), ("predicted", "B")), found=["A"]),
+        R2agConfig(ap_relevant="new", ap_norm="missing"),
+        {"r_mh": 1.25, "r_jh": 0.0, "r_ap": 1.0, "r_f": 0.02, "R": 0.47},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "episode", "config", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_top_survivor_by_hand(
+    name: str, episode: Episode, config: R2agConfig, expected: dict[str, float]
+) -> None:
+    assert totals(episode, config) == pytest.approx(expected)
+
+
+def test_zeroing_names_its_reason_and_keeps_the_sums_before() -> None:
+    premature = score_episode(ep(expansion(1, ("base", "A")), stop(2)))
+    assert premature.meta["r2ag"]["zeroed"] == "stop before all gold found"
+    assert premature.meta["r2ag"]["before_zeroing"]["r_mh"] == 1.0
+    no_think = score_episode(ep(expansion(1, ("base", "A"), think=False)))
+    assert no_think.meta["r2ag"]["zeroed"] == "missing <think>"
+    assert all(v == 0.0 for s in no_think.steps for v in s.signals.values())
 
 
 @pytest.mark.parametrize(
-    ("relevant", "cutoff", "missing", "expected"),
+    ("text", "segments"),
     [
-        ([True, False, True], 4, 2, (1 / 1 + 2 / 3) / 2),
-        ([False, True], 2, 3, (1 / 2) / 2),  # denominator min(k=2, m=3) = 2
-        ([True, True], 4, 2, 1.0),
-        ([False, False, False, False, True], 4, 1, 0.0),  # the hit is past the cut-off
-        ([True], 4, 0, 0.0),  # nothing was missing
-        ([], 4, 2, 0.0),
+        ("<think>p</think><base-Q>q A</base-Q><end/>", 1),
+        ("<base-Q>q A</base-Q><think>p</think><predicted-Q>q B</predicted-Q>", 1),  # before <think>: none
+        ("<think>p</think><base-Q>q A</base-Q><base-Q></base-Q><predicted-Q>q B", 1),  # empty, unclosed
     ],
 )
-def test_average_precision_by_hand(relevant, cutoff, missing, expected):
-    assert average_precision(relevant, cutoff, missing) == pytest.approx(expected)
-
-
-def test_branch_ap_ranks_base_and_predicted_separately():
-    step = expansion(
-        1,
-        ("base", "A"),
-        ("base", "X"),
-        ("base", "A"),
-        ("base", "B"),
-        ("base", "C"),
-        ("predicted", "Y"),
-        ("predicted", "D"),
-    )
-    # base ranking A, X, A (already credited), B | C cut off at 4; missing = 4
-    ap_base = (1 / 1 + 2 / 4) / 4
-    # predicted ranking Y, D; cut-off 2; denominator min(2, 4) = 2
-    ap_pred = (1 / 2) / 2
-    assert signals(ep(step))[0]["r_ap"] == pytest.approx((ap_base + ap_pred) / 2)
-
-
-def test_branch_ap_counts_only_gold_new_to_the_episode():
-    s = signals(ep(expansion(1, ("base", "A")), expansion(2, ("base", "A"), ("base", "B"))))
-    assert s[0]["r_ap"] == pytest.approx((1 / 1) / 4)  # A at rank 1; denominator min(k=4, m=4)
-    # step 2: A is old, B new at rank 2; missing before = 3 -> (1/2) / 3
-    assert s[1]["r_ap"] == pytest.approx((1 / 2) / 3)
-
-
-# --- multi-hit, joint-hit -------------------------------------------------------------------
-
-
-def test_multi_hit_weights_predicted_hits_by_lambda():
-    step = expansion(1, ("base", "A"), ("predicted", "B"), ("base", "C"), ("predicted", "C"), ("base", "X"))
-    # new gold: A (base, 1), B (predicted, 1.25), C (hit by both: counted once, 1.25); / |G| = 4
-    assert signals(ep(step))[0]["r_mh"] == pytest.approx((1 + 1.25 + 1.25) / 4)
-    custom = score_episode(ep(step), R2agConfig(l=2.0)).steps[0].signals["r_mh"]
-    assert custom == pytest.approx((1 + 2 + 2) / 4)
-
-
-def test_multi_hit_skips_gold_found_earlier():
-    s = signals(ep(expansion(1, ("base", "A")), expansion(2, ("base", "A"), ("predicted", "B")), found=["D"]))
-    assert [x["r_mh"] for x in s] == pytest.approx([1 / 4, 1.25 / 4])
-    already = signals(ep(expansion(1, ("base", "D")), found=["d"]))  # found titles match normalised
-    assert already[0]["r_mh"] == 0.0
-
-
-@pytest.mark.parametrize(
-    ("found_all", "expected"),
-    [(True, 1.0), (False, 0.0)],
-)
-def test_joint_hit_needs_all_gold_and_a_stop(found_all, expected):
-    titles = ["A", "B", "C", "D"] if found_all else ["A", "B", "C"]
-    s = signals(ep(expansion(1, *[("base", x) for x in titles]), stop(2)))
-    assert s[1]["r_jh"] == expected
-    assert s[0]["r_jh"] == 0.0
-
-
-def test_no_joint_hit_without_stop():
-    s = signals(ep(expansion(1, *[("base", x) for x in GOLD])))
-    assert [x["r_jh"] for x in s] == [0.0]
-
-
-# --- format reward --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("steps", "expected"),
-    [
-        # think + 4 base-Q = 5 blocks, then think = 1 block: 0.06
-        ([expansion(1, *[("base", x) for x in GOLD]), stop(2)], [0.05, 0.01]),
-        # <think> missing in one step zeroes the whole R_f
-        ([expansion(1, *[("base", x) for x in GOLD]), stop(2, think=False)], [0.0, 0.0]),
-        ([expansion(1, *[("base", x) for x in GOLD], think=False), stop(2)], [0.0, 0.0]),
-        # stop before all gold is found zeroes it too
-        ([expansion(1, ("base", "A"), ("predicted", "B")), stop(2)], [0.0, 0.0]),
-        # no stop yet: the blocks count
-        ([expansion(1, ("base", "A"), ("predicted", "B"))], [0.03]),
-    ],
-)
-def test_format_reward_and_its_zeroing_rules(steps, expected):
-    assert [x["r_f"] for x in signals(ep(*steps))] == pytest.approx(expected)
-
-
-def test_unclosed_or_empty_blocks_earn_nothing():
+def test_format_counts_closed_segments_after_think(text: str, segments: int) -> None:
     step = expansion(1, ("base", "A"))
-    step.text = "<think>plan</think><base-Q>q A</base-Q><base-Q></base-Q><predicted-Q>q B"
-    assert signals(ep(step))[0]["r_f"] == pytest.approx(0.02)
+    step.text = text
+    assert totals(ep(step), R2agConfig(format_cap=1.0))["r_f"] == pytest.approx(0.01 * segments)
 
 
-def test_top_survivor_total_by_hand():
-    episode = ep(
-        expansion(1, ("base", "A"), ("predicted", "B")), expansion(2, ("base", "C"), ("base", "D")), stop(3)
-    )
-    a, b, g, w = 0.2, 0.3, 0.2, 1.0
-    mh = [(1 + 1.25) / 4, 2 / 4, 0.0]
-    ap = [(1.0 / 4 + (1 / 1) / 2) / 2, (1 + 1) / 2, 0.0]  # step 2: 2 missing, both hit, AP = 1
-    jh = [0.0, 0.0, 1.0]
-    fmt = [0.03, 0.03, 0.01]
-    expected = [a * m + b * j + g * p + w * f for m, j, p, f in zip(mh, jh, ap, fmt, strict=True)]
-    scored = score_episode(episode)
-    assert episode_step_rewards(scored) == pytest.approx(expected)
-    assert episode_return(scored) == pytest.approx(sum(expected))
+def test_unclosed_think_is_a_missing_think() -> None:
+    step = expansion(1, ("base", "A"))
+    step.text = "<think>plan <base-Q>q A</base-Q>"
+    assert totals(ep(step))["R"] == 0.0
 
 
-def test_reward_funcs_versions_and_values():
+def test_step_rewards_sum_to_the_total() -> None:
+    # step 1: 0.2*2 + 0.2*1 + 0.02 = 0.62; step 2: 0.3 (the cap is used up)
+    scored = score_episode(ep(expansion(1, ("base", "A"), ("base", "B")), stop(2)))
+    assert episode_step_rewards(scored) == pytest.approx([0.62, 0.3])
+
+
+def test_scripted_expansions_in_the_papers_order() -> None:
+    """One expansion of a tree that already holds A (gold {A, B}), as the forest scores it:
+    new gold (0.2*1 + 0.2*0.5 + 0.01 = 0.31) > re-finding A (R_MH = 0; R_AP^b = 0.5 as printed:
+    0.1 + 0.01 = 0.11) > a miss (format only, 0.01) > a premature stop = a missing <think> = 0;
+    stopping once the tree holds A and B earns R_JH (0.3 + 0.02)."""
+    new = ep(expansion(2, ("base", "B")), found=["A"])
+    redundant = ep(expansion(2, ("base", "A")), found=["A"])
+    miss = ep(expansion(2, ("base", "X")), found=["A"])
+    premature = ep(stop(2), found=["A"])
+    no_think = ep(expansion(2, ("base", "B"), think=False), found=["A"])
+    rewards = [totals(e)["R"] for e in (new, redundant, miss, premature, no_think)]
+    assert rewards == pytest.approx([0.31, 0.11, 0.01, 0.0, 0.0])
+    assert totals(ep(stop(3), found=["A", "B"]))["R"] == pytest.approx(0.32)
+
+
+def test_average_precision_by_hand() -> None:
+    assert average_precision([True, False, True], 2) == pytest.approx((1 / 1 + 2 / 3) / 2)
+    assert average_precision([False, True], 2) == pytest.approx((1 / 2) / 2)
+    assert average_precision([True], 0) == 0.0
+
+
+def test_reward_funcs_versions_and_values() -> None:
     funcs = R2ag().reward_funcs()
-    versions = [getattr(f, "__version__", None) for f in funcs]
-    assert versions == ["r2ag_total@1"] + [f"r2ag_{s}@1" for s in SIGNALS]
-    episodes = [ep(expansion(1, *[("base", x) for x in GOLD]), stop(2))]
-    total = funcs[0](["p"], ["c"], episodes=episodes)
-    assert total == [pytest.approx(0.2 * 1 + 0.3 * 1 + 0.2 * 1 + 0.06)]
-    assert "r2ag" in episodes[0].meta
+    assert [getattr(f, "__version__", None) for f in funcs] == ["r2ag_total@2"] + [
+        f"r2ag_{s}@2" for s in SIGNALS
+    ]
+    episodes = [ep(expansion(1, ("base", "A"), ("base", "B")), stop(2))]
+    assert funcs[0](["p"], ["c"], episodes=episodes) == [pytest.approx(0.92)]
+    assert episodes[0].meta["r2ag"]["version"] == "r2ag@2"
     assert funcs[2](["p"], ["c"], episodes=episodes) == [1.0]  # r_jh
 
 
-# --- forest ---------------------------------------------------------------------------------
+# --- the forest -----------------------------------------------------------------------------
 
 
 def node(title: str, *children: Node) -> Node:
-    return Node(f"q {title}", "base", doc(title), list(children))
+    return Node(f"q {title}", "base", doc(title), list(children), closed=bool(children))
 
 
 def paths(tree: RetrievalTree) -> set[tuple[str, ...]]:
@@ -212,43 +323,79 @@ def paths(tree: RetrievalTree) -> set[tuple[str, ...]]:
     return out
 
 
-def test_prune_keeps_exactly_the_gold_hit_branches():
+def test_prune_keeps_only_branches_that_hit_gold() -> None:
     root = Node("question", "question", None, [
-        node("A", node("x1")),  # gold at the top: the branch survives with its miss below
-        node("x2", node("B")),  # gold at the bottom
-        node("x3", node("x4")),  # no gold anywhere: dropped
-        node("x5", node("x6"), node("C")),  # only the C branch survives
-    ])  # fmt: skip
-    tree = RetrievalTree("?", ["A", "B", "C"], root)
-    assert paths(prune(tree)) == {("A", "x1"), ("x2", "B"), ("x5", "C")}
-    assert paths(prune(tree, ["c"])) == {("x5", "C")}
-    assert len(paths(tree)) == 5  # the original is untouched
-    assert prune(RetrievalTree("?", ["Z"], root)).root.children == []
+        node("A", node("x1"), node("B")),  # the non-hit child x1 of the hit A is cut
+        node("x2", node("B")),  # a miss is cut with everything under it
+        node("x3"),
+    ], closed=True)  # fmt: skip
+    tree = RetrievalTree("?", ["A", "B"], root, "q")
+    pruned = prune(tree)
+    assert paths(pruned) == {("A", "B")}
+    assert [n.doc.title for n in pruned.frontier() if n.doc] == ["B"]  # x1 is never expanded
+    assert len(paths(tree)) == 4  # the original is untouched
+    assert prune(tree, ["z"]).root.children == []
 
 
-def test_expand_adds_one_level_per_frontier_node_up_to_l_max():
+def test_every_samples_pruned_tree_propagates() -> None:
+    """Round 1 with G = 4 samples of the root: two hit different gold documents, one repeats the
+    first (kept once), one stops. The next forest holds one tree per distinct surviving sample,
+    not only the best sample's."""
+    forest = [RetrievalTree("?", ["A", "B"], Node("?", "question"), "q")]
+    samples = [
+        expansion(1, ("base", "A"), ("base", "x")),
+        expansion(1, ("predicted", "B")),
+        expansion(1, ("base", "A"), ("base", "y")),  # prunes to the same tree as sample 0
+        stop(1),
+    ]
+    grown = grow_forest(forest, [[samples]])
+    assert [paths(t) for t in grown] == [{("A",)}, {("B",)}, set()]
+    assert forest[0].root.children == []  # the input forest is not modified
+    nxt = survivors(grown)
+    assert [[n.query for n in t.frontier()] for t in nxt] == [["q A"], ["q B"]]
+    assert grown[2].frontier() == []  # the stopped sample's tree is closed
+    # round 2 on the A tree: sample 0 hits B below A, sample 1 misses; a miss is not retried
+    level2 = grow_forest([nxt[0]], [[[expansion(2, ("base", "B")), expansion(2, ("base", "x"))]]])
+    assert [paths(t) for t in level2] == [{("A", "B")}, {("A",)}]
+    assert level2[1].frontier() == []
+    assert level2[0].found_titles() == ["a", "b"]
+
+
+def test_grow_forest_combines_sample_s_of_every_leaf() -> None:
+    tree = RetrievalTree("?", ["A", "B", "C"], Node("?", "question", None, [node("A"), node("B")], True), "q")
+    level = [[[expansion(2, ("base", "C")), stop(2)], [stop(2), expansion(2, ("base", "C"))]]]
+    grown = grow_forest([tree], level)
+    assert [paths(t) for t in grown] == [{("A", "C"), ("B",)}, {("A",), ("B", "C")}]
+    with pytest.raises(ValueError, match="sizes"):
+        grow_forest([tree], [[[stop(2)], [stop(2), stop(2)]]])
+
+
+def test_survivors_width_keeps_the_most_gold_first() -> None:
+    one = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A")], True), "q")
+    two = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A"), node("B")], True), "q")
+    other = RetrievalTree("?", ["C"], Node("?", "question", None, [node("C")], True), "r")
+    assert survivors([one, two, other], width=1) == [two, other]
+    assert survivors([one, two, other]) == [one, two, other]
+
+
+def test_expand_closes_expanded_leaves_up_to_l_max() -> None:
     tree = RetrievalTree("?", ["A", "B"], Node("?", "question"))
-    forest = [tree]
-    assert tree.frontier() == [tree.root]
-    assert expand(forest, [[expansion(1, ("base", "A"), ("predicted", "x"))]]) == 2
-    assert [n.kind for n in tree.frontier()] == ["base", "predicted"]
-    # the A leaf gets a child, the x leaf stops
-    assert expand(forest, [[expansion(2, ("base", "B")), stop(2)]]) == 1
-    assert [n.doc.title for n in tree.frontier() if n.doc] == ["B"]
-    assert tree.found_titles() == ["a", "b"]
+    assert expand([tree], [[expansion(1, ("base", "A"), ("predicted", "x"))]]) == 2
+    assert tree.root.closed and [n.kind for n in tree.frontier()] == ["base", "predicted"]
+    assert expand([tree], [[expansion(2, ("base", "B")), stop(2)]]) == 1
+    assert [n.query for n in tree.frontier()] == ["q B"]
     with pytest.raises(ValueError, match="2 expansions for 1 frontier"):
-        expand(forest, [[stop(3), stop(3)]])
+        expand([tree], [[stop(3), stop(3)]])
     for level in range(3, 6):
-        expand(forest, [[expansion(level, ("base", f"y{level}"))]])
+        expand([tree], [[expansion(level, ("base", f"y{level}"))]])
     assert tree.frontier() == []  # five levels below the question: L_MAX reached
 
 
-def test_context_renders_surviving_branches():
-    root = Node("question", "question", None, [node("A", node("x1")), node("x3")])
+def test_context_renders_surviving_branches() -> None:
+    root = Node("question", "question", None, [node("A", node("x1")), node("x3")], True)
     text = context(prune(RetrievalTree("?", ["A"], root)))
     assert "- [base] q A -> A: text of A" in text
-    assert "  - [base] q x1 -> x1" in text
-    assert "x3" not in text
+    assert "x1" not in text and "x3" not in text
     assert context(RetrievalTree("?", [], Node("?", "question"))) == ""
 
 
@@ -265,13 +412,14 @@ def test_context_renders_surviving_branches():
             ["base", "predicted"],
         ),
         ("<think>p</think>\n<predicted-Q> b </predicted-Q>", "search", ["b"], ["predicted"]),
-        ("<think>all found</think>\nstop retrieval\n<end/>", "stop", [], []),
-        ("<think>nothing left</think> None.", "stop", [], []),
+        ("<think>p</think><base-Q>a</base-Q><predicted-Q>none</predicted-Q>", "search", ["a"], ["base"]),
+        (f"<think>all found</think>\n{STOP}\n<end/>", "stop", [], []),
+        ("<think>all found</think><base-Q>Stop retrieval.</base-Q><end/>", "stop", [], []),
         ("<think>stop retrieval? no</think><base-Q>a</base-Q>", "search", ["a"], ["base"]),
         ("<think>unclosed <base-Q>a</base-Q>", "search", ["a"], ["base"]),
     ],
 )
-def test_parse_valid(segment, kind, queries, kinds):
+def test_parse_valid(segment: str, kind: str, queries: list[str], kinds: list[str]) -> None:
     action = parse_expansion(segment)
     assert (action.kind, action.queries, action.query_kinds) == (kind, queries, kinds)
 
@@ -279,41 +427,111 @@ def test_parse_valid(segment, kind, queries, kinds):
 @pytest.mark.parametrize(
     "segment",
     [
+        "<think>all found</think>\nstop retrieval\n<end/>",  # the stop outside its tag
+        "<think>p</think><base-Q>a</base-Q> stop retrieval",
+        "<think>p</think><base-Q>a</base-Q><base-Q>stop retrieval</base-Q>",  # a stop beside a query
+        "<think>p</think><predicted-Q>none</predicted-Q>",  # no query and no stop
         "<think>p</think><base-Q>a",  # missing closing tag
-        "<think>p</think><base-Q>a</base-Q><predicted-Q>b",
         "<base-Q>a <base-Q>b</base-Q>",  # nested
         "<base-Q>a <predicted-Q>b</predicted-Q></base-Q>",  # a tag inside a sub-query
-        "<base-Q> </base-Q>",  # empty
-        "<base-Q>a</base-Q> stop retrieval",  # sub-queries and a stop
-        "<think>p</think> I have none of the facts yet",  # 'none' in prose is no stop
+        "<base-Q> </base-Q>",
         "<think>p</think>",
         "",
-        "</base-Q>",  # stray closing tag
-        "z" * 10_240,  # 10 KB of garbage
+        "</base-Q>",
+        "z" * 10_240,
         "<base-Q>" * 2_000,
     ],
 )
-def test_parse_malformed_is_format_error(segment):
+def test_parse_malformed_is_format_error(segment: str) -> None:
     action = parse_expansion(segment)
     assert action.kind == "format_error" and action.error
 
 
-def test_expert_one_base_query_per_hop_then_stop():
-    q = next(q for q in generate(seed=1, n_entities=80, n_train=20, n_dev=5, n_test=5)["train"] if q.answers)
-    recipe = R2ag()
-    first, second = recipe.expert_segments(q)
-    assert recipe.expert(q) == first + second
-    assert all(s.endswith(recipe.stop[0]) for s in (first, second))
-    action = recipe.parse(first)
-    assert action.queries == [h.query for h in hops_for(q)]
-    assert set(action.query_kinds) == {"base"}
-    assert recipe.parse(second).kind == "stop"
-
-
-def test_protocol_surface():
+def test_protocol_surface() -> None:
     recipe = R2ag(l_max=3)
     assert (recipe.name, recipe.top_k, recipe.max_steps) == ("r2ag", 1, 4)
+    assert "<base-Q>stop retrieval</base-Q>" in recipe.messages(generate(seed=1)["train"][0])[0]["content"]
     info = recipe.information([[doc("A")], []])
     assert "[1] (Title: A) text of A" in info and "[2] (no document)" in info
     with pytest.raises(ValueError):
         R2ag(lam=1.0)
+
+
+# --- the stop signal never reaches the retriever (real retriever over HTTP) -------------------
+
+
+class QueryLog:
+    """ASGI middleware that records the queries of every ``POST /v1/search`` the retriever receives."""
+
+    def __init__(self, app: Any, sink: list[str]) -> None:
+        self.app, self.sink = app, sink
+
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/search":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+
+        async def recording() -> dict[str, Any]:
+            message: dict[str, Any] = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                self.sink.extend(json.loads(b"".join(chunks))["queries"])
+            return message
+
+        await self.app(scope, recording, send)
+
+
+@pytest.fixture(scope="module")
+def world() -> dict[str, Any]:
+    return generate(seed=1, n_entities=80, n_train=20, n_dev=5, n_test=5)
+
+
+def test_stop_signal_never_reaches_the_retriever(world: dict[str, Any], tmp_path: Path) -> None:
+    """The expert (the SFT path), a premature stopper and a policy that writes "none" predictions
+    run through the agent loop against a real retriever; the retriever sees only real queries."""
+    questions = [q for q in world["train"] if q.answers][:3]
+    received: list[str] = []
+    app = create_app(RetrieverSettings(storage_path=tmp_path / "qdrant"))
+    app.add_middleware(QueryLog, sink=received)
+    with LocalServer(app) as server:
+        with RetrieverClient(server.url) as client:
+            ensure_indexed(client, "r2ag-stop", pool(questions))
+        received.clear()
+        recipe = R2ag()
+        experts = asyncio.run(expert_episodes(recipe, questions, server.url, "r2ag-stop"))
+        q = questions[0]
+        scripts = {
+            "premature": [
+                f"<think>one will do</think><base-Q>{hops_for(q)[0].query}</base-Q><end/>",
+                f"<think>done</think>{STOP}<end/>",
+            ],
+            "prose stop": ["<think>done</think>stop retrieval<end/>"],
+            "none only": ["<think>?</think><predicted-Q>none</predicted-Q><end/>"],
+        }
+
+        async def scripted(segments: list[str]) -> Episode:
+            retriever = AsyncRetrieverClient(server.url)
+            try:
+                return await run_episode(recipe, q, ExpertChat(segments), retriever, "r2ag-stop", max_steps=6)
+            finally:
+                await retriever.aclose()
+
+        others = {name: asyncio.run(scripted(s)) for name, s in scripts.items()}
+    sent = [query for e in [*experts, *others.values()] for query in e.queries]
+    assert received == sent  # every query the episodes record reached the retriever, nothing else
+    assert received and not {x.casefold() for x in received} & {"stop retrieval", "none"}
+    assert [e.outcome for e in experts] == ["stop"] * len(questions)
+    assert [e.retrieval_count for e in experts] == [len(hops_for(x)) for x in questions]
+    assert (others["premature"].outcome, others["premature"].retrieval_count) == ("stop", 1)
+    assert [others[k].outcome for k in ("prose stop", "none only")] == ["format_error"] * 2
+    # the expert's episodes earn the paper's reward: one base-Q per hop finds every gold document
+    # (R_MH^b = hops, R_AP^b = (1/|g|) * hops * 1 = 1 when the hops are the gold set), the stop R_JH = 1,
+    # and R_f is capped at 0.02; the premature stop earns 0.
+    for e in experts:
+        hops = len(hops_for(questions[experts.index(e)]))
+        assert totals(e) == pytest.approx({"r_mh": hops, "r_jh": 1.0, "r_ap": 1.0, "r_f": 0.02,
+                                           "R": 0.2 * hops + 0.3 + 0.2 + 0.02})  # fmt: skip
+    assert totals(others["premature"])["R"] == 0.0

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hoprl.agent.trajectory import RetrievedDoc
+from hoprl.agent.trajectory import Episode, RetrievedDoc
 from hoprl.data.synthetic import hops_for, write_jsonl
 from hoprl.recipes import RECIPES
 from hoprl.recipes.base import Action
@@ -28,16 +28,32 @@ SAMPLES = 4
 
 
 class TwoBranchR2ag(R2ag):
-    """R2AG with expansions a random model makes: a segment ends at the first space; odd length =
-    two base queries (one finds a gold document, one a distractor), even length = stop."""
+    """R2AG with expansions a random model makes: a segment ends at the first space; its length
+    (halved, mod 3) picks two base queries (a gold hop and a distractor), the other gold hop and
+    the same distractor, or a stop. A random model never writes ``<think>``, so the double scores each
+    expansion as if its text began with one (the reward would otherwise be 0 for every sample)."""
 
     stop = [" "]  # noqa: RUF012
-    hit, miss = "", ""
+    hits: tuple[str, str] = ("", "")
+    miss = ""
 
     def parse(self, segment: str) -> Action:
-        if len(segment) % 2:
-            return Action("search", queries=[self.hit, self.miss], query_kinds=["base", "base"])
-        return Action("stop")
+        pick = len(segment) // 2 % 3
+        if pick == 2:
+            return Action("stop")
+        hit = self.hits[pick]
+        return Action("search", queries=[hit, self.miss], query_kinds=["base", "base"])
+
+    def score(self, episode: Episode) -> Episode:
+        thought = episode.model_copy(deep=True)
+        for step in thought.steps:
+            step.text = "<think>sampled</think>" + step.text
+        scored = super().score(thought)
+        out = episode.model_copy(deep=True)
+        for step, done in zip(out.steps, scored.steps, strict=True):
+            step.signals = done.signals
+        out.meta = scored.meta
+        return out
 
 
 def test_group_advantages_drop_flat_groups() -> None:
@@ -67,12 +83,15 @@ def test_tree_round_trip() -> None:
 def test_round_expands_prunes_and_trains(tiny_model: str, retriever_url: str, collection: str,
                                          synthetic: dict[str, list[Question]], tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    question = synthetic["train"][0]
-    monkeypatch.setattr(TwoBranchR2ag, "hit", hops_for(question)[0].query)
+    """One round through the job runner: every sample's pruned tree goes into the checkpoint's
+    forest (not only the best one), the distractor branch is pruned, one optimizer step ran."""
+    question = next(q for q in synthetic["train"] if len(hops_for(q)) >= 2)
+    gold = {normalize_title(t) for t in question.gold_titles}
+    monkeypatch.setattr(TwoBranchR2ag, "hits", (hops_for(question)[0].query, hops_for(question)[1].query))
     monkeypatch.setattr(TwoBranchR2ag, "miss", next(p.title for p in question.paragraphs if not p.is_gold))
     monkeypatch.setitem(RECIPES, "r2ag", TwoBranchR2ag)
     data = tmp_path / "train.jsonl"
-    write_jsonl(data, synthetic["train"])
+    write_jsonl(data, [question])
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     settings = TrainerSettings(database_url=url, runs_dir=tmp_path / "runs", retriever_url=retriever_url,
                                torch_threads=1)  # fmt: skip
@@ -95,14 +114,25 @@ def test_round_expands_prunes_and_trains(tiny_model: str, retriever_url: str, co
             (1, "round1", "round2")
         ]
         folder = Path(registry.latest_checkpoint(run_id).path)  # type: ignore[union-attr]
+        episodes = [Episode.model_validate(r.trajectory) for r in sorted(rows, key=lambda r: r.sample)]
+    # Expected from the recorded samples: each search sample keeps its gold-hit branches
+    expected = []
+    for e in episodes:
+        step = e.steps[0]
+        kept = tuple(
+            q for q, d in zip(step.queries, step.docs, strict=True) if normalize_title(d[0].title) in gold
+        )
+        if step.action == "search" and kept and kept not in expected:
+            expected.append(kept)
+    assert len(expected) >= 2, "the seed should give samples hitting different gold documents"
     state = json.loads((folder / STATE_FILE).read_text())
     assert state["loop"] == "r2ag-rounds" and state["round"] == 2 and state["question_ids"] == [question.id]
-    tree = tree_from_dict(state["forest"][0])
-    # the best expansion added the gold and the distractor branch; pruning kept only the gold one
-    [survivor] = tree.root.children
-    assert survivor.doc is not None and survivor.query == TwoBranchR2ag.hit
-    assert normalize_title(survivor.doc.title) in {normalize_title(t) for t in question.gold_titles}
-    assert [n.query for n in tree.frontier()] == [TwoBranchR2ag.hit]  # round 2 expands it
+    forest = [tree_from_dict(t) for t in state["forest"]]
+    assert [tuple(n.query for n in t.root.children) for t in forest] == expected
+    assert metrics["trees"] == len(expected)
+    for tree in forest:  # only gold hits survive, and they are what round 2 expands
+        assert all(n.doc is not None and normalize_title(n.doc.title) in gold for n in tree.root.children)
+        assert tree.frontier() == tree.root.children and tree.question_id == question.id
     before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
     after = AutoModelForCausalLM.from_pretrained(folder).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
