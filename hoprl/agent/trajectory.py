@@ -17,7 +17,7 @@ ActionKind = Literal[
     "backtrack",  # EVO-RAG: drop the last hop's query and evidence
     "answer",
     "refuse",  # EVO-RAG: the question is declared unanswerable
-    "stop",  # R2AG: `stop retrieval` / `none`
+    "stop",  # R2AG: `<base-Q>stop retrieval</base-Q>`
     "format_error",  # the segment could not be parsed: a recorded outcome, never a crash
 ]
 
