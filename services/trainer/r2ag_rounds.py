@@ -202,7 +202,6 @@ class R2agRounds:
         self.batch, self.round = 0, 1
         self.questions: list[Question] = []
         self.forest: Forest = []
-        self.last_level: list[list[Episode]] = []
 
     @property
     def stage(self) -> str:
@@ -398,6 +397,9 @@ class R2agRounds:
         self.batch, self.round = int(state["batch"]), int(state["round"])
         self.questions = [by_id[i] for i in state["question_ids"]]
         self.forest = [tree_from_dict(t) for t in state["forest"]]
+        if any(not t.question_id for t in self.forest):  # saved before r2ag@2: one tree per question
+            for tree, question in zip(self.forest, self.questions, strict=True):
+                tree.question_id = question.id
 
 
 def expansion_step(episode: Episode) -> Step:
