@@ -24,16 +24,24 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-Prompt = str | list[dict[str, str]]
+Prompt = str | list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``temperature == 0`` is greedy; ``deadline`` is a ``time.monotonic()`` value."""
+    """How to sample. ``temperature == 0`` is greedy; ``deadline`` is a ``time.monotonic()`` value.
+
+    ``on_text(choice, text)`` streams: the transformers engine calls it with each choice's new
+    text as it is decoded (choice = prompt index x n + sample), from the decoding thread (which may
+    be another request's: keep it quick and thread-safe). The pieces never reach past a stop string
+    and, concatenated, are a prefix of the choice's final ``text``; the caller sends the rest when
+    ``generate`` returns. The vLLM and OpenAI engines never call it (one piece at the end). It is
+    not part of equality, so streamed and unstreamed requests still share a batch.
+    """
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -44,6 +52,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     deadline: float | None = None
+    on_text: Callable[[int, str], None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -198,9 +207,10 @@ class TransformersEngine:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             rows = [(row, job.params.deadline) for job in jobs for row in job.rows]
+            sinks = [_sink(job.params.on_text, i) for job in jobs for i in range(len(job.rows))]
             out: list[Generation] = []
             for i in range(0, len(rows), self.max_batch):
-                out += self._batch(rows[i : i + self.max_batch], params)
+                out += self._batch(rows[i : i + self.max_batch], params, sinks[i : i + self.max_batch])
             for job in jobs:
                 job.result, out = out[: len(job.rows)], out[len(job.rows) :]
         except Exception as exc:  # handed to every caller of the batch, which re-raises it
@@ -209,7 +219,12 @@ class TransformersEngine:
         for job in jobs:
             job.done.set()
 
-    def _batch(self, rows: list[tuple[list[int], float | None]], params: SamplingParams) -> list[Generation]:
+    def _batch(
+        self,
+        rows: list[tuple[list[int], float | None]],
+        params: SamplingParams,
+        sinks: Sequence[Callable[[str], None] | None] = (),
+    ) -> list[Generation]:
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -240,6 +255,7 @@ class TransformersEngine:
                 generation_config=config,
                 stopping_criteria=criteria,
                 tokenizer=tok,
+                streamer=self._streamer(sinks, params),
             )
         new = out.sequences[:, width:]
         logp = torch.stack(out.logits, dim=1).float().log_softmax(-1) if params.logprobs else None
@@ -247,6 +263,16 @@ class TransformersEngine:
             self._decode(new[b].tolist(), None if logp is None else logp[b], params, len(rows[b][0]))
             for b in range(len(rows))
         ]
+
+    def _streamer(self, sinks: Sequence[Callable[[str], None] | None], params: SamplingParams) -> Any:
+        """A :class:`~services.policy.streaming.RowStreamer` for the rows that stream; None if none does."""
+        if not any(sinks):
+            return None
+        from services.policy.streaming import RowStreamer, TextStream
+
+        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        ends = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.pad_token_id}
+        return RowStreamer([sink and TextStream(self.tokenizer, ends, params.stop, sink) for sink in sinks])
 
     def _decode(self, ids: list[int], logp: Any, params: SamplingParams, prompt_len: int) -> Generation:
         tok = self.tokenizer
@@ -288,6 +314,11 @@ class TransformersEngine:
         return hi
 
 
+def _sink(on_text: Callable[[int, str], None] | None, choice: int) -> Callable[[str], None] | None:
+    """Row ``choice``'s text sink: ``on_text`` with the choice index bound."""
+    return None if on_text is None else lambda text: on_text(choice, text)
+
+
 class _Deadline:
     """Stops each row once its deadline (``time.monotonic()``) has passed: bounded work per request."""
 
@@ -305,7 +336,11 @@ class _Deadline:
 
 
 class VllmEngine:
-    """The real vLLM engine (GPU). ``vllm`` is imported here only: the CPU environment lacks it."""
+    """The real vLLM engine (GPU). ``vllm`` is imported here only: the CPU environment lacks it.
+
+    It does not stream (``LLM.generate`` returns whole outputs): a streamed request gets its text
+    in one chunk when decoding ends.
+    """
 
     def __init__(self, path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85) -> None:
         self.dtype, self.gpu_memory_utilization = dtype, gpu_memory_utilization
@@ -378,6 +413,7 @@ class OpenAIEngine:
 
     ``load(name)`` selects another model the remote serves. Token ids are unknown over this API, so
     ``/v1/rollouts`` needs ``tokenizer`` (the remote model's HF id or folder) to build trajectories.
+    It does not stream: a streamed request gets the remote's whole text in one chunk at the end.
     """
 
     def __init__(self, base_url: str, api_key: str, model: str | None, tokenizer: str | None = None) -> None:

@@ -1,20 +1,65 @@
 """Wire models of the policy service: the OpenAI-compatible subset, ``/v1/answer`` and ``/v1/rollouts``.
 
-The OpenAI request models ignore fields they do not know (``user``, ``frequency_penalty`` ...), as
-OpenAI-compatible servers do, so the official client works unchanged; the project's own requests
-forbid unknown fields so a misspelt option fails loudly.
+The OpenAI request models follow the official API, so its client and the tools built on it work
+unchanged: ``null`` means a parameter's default; a parameter OpenAI lists but this server does not
+implement (``tools``, ``response_format``, ``logit_bias`` ...) is accepted only with a value that
+asks for nothing (``null``, ``[]``, ``0``, ``"none"`` ...) and is otherwise a 400 naming it, never
+silently ignored; a name OpenAI does not know is a 400 too, as OpenAI answers (see
+:meth:`_OpenAIRequest.problem`). Those routes answer errors in OpenAI's envelope
+(:class:`OpenAIErrorResponse`). The project's own requests forbid unknown fields.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
 from hoprl.schemas import Question, SearchMode
 
 SEED = Field(None, ge=0, le=2**63 - 1, description="same seed, same request -> same output")
+Problem = tuple[str, str, str]
+"""What is wrong with a request: ``(code, param, message)``, answered as a 400."""
+
+# OpenAI's parameters (openai's types/chat/completion_create_params.py, completion_create_params.py)
+# that this server does not implement, each with the values that ask for nothing; null always does.
+CHAT_NO_OP: dict[str, tuple[Any, ...]] = {
+    "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
+    "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},),
+    "logit_bias": ({},), "frequency_penalty": (0,), "presence_penalty": (0,), "audio": (),
+    "modalities": (["text"],), "prediction": (), "reasoning_effort": (), "verbosity": (),
+    "web_search_options": (), "moderation": (), "store": (False,), "echo": (False,),
+}  # fmt: skip
+COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,), "echo": (False,), "logit_bias": ({},), "frequency_penalty": (0,),
+    "presence_penalty": (0,), "suffix": ("",),
+}  # fmt: skip
+MESSAGE_NO_OP: dict[str, tuple[Any, ...]] = {"refusal": (), "audio": (), "function_call": ()}
+# Parameters that change nothing in what is generated (end-user ids, cache and billing hints).
+HINTS = frozenset(
+    {"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+     "service_tier", "metadata"}
+)  # fmt: skip
+
+
+def extra_problem(
+    extra: dict[str, Any] | None, no_op: dict[str, tuple[Any, ...]], hints: frozenset[str], at: str = ""
+) -> Problem | None:
+    """The first field of ``extra`` (the undeclared ones) that asks for something not implemented."""
+    for name, value in (extra or {}).items():
+        param = f"{at}{name}"
+        if name in no_op:
+            if value is not None and value not in no_op[name]:
+                allowed = ", ".join(["null", *(json.dumps(v) for v in no_op[name])])
+                return (
+                    "unsupported_parameter", param,
+                    f"'{param}' is not supported by this server; leave it out (accepted: {allowed})",
+                )  # fmt: skip
+        elif name not in hints:
+            return "unrecognized_parameter", param, f"Unrecognized request argument supplied: {param}"
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -22,7 +67,7 @@ class StreamOptions(BaseModel):
 
 
 class _OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = Field(None, description="the served model id (GET /v1/models); None = it")
     temperature: float = Field(1.0, ge=0, le=2, description="0 = greedy")
@@ -31,39 +76,149 @@ class _OpenAIRequest(BaseModel):
     stop: str | list[str] | None = Field(None, description="up to 8 stop strings, cut from the text")
     n: int = Field(1, ge=1)
     seed: int | None = SEED
-    stream: bool = False
+    stream: bool = Field(False, description="server-sent events, each piece of text as it is decoded")
     stream_options: StreamOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """``null`` is a parameter's default, as in OpenAI's API (``"temperature": null``)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
 
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
+    def problem(self) -> Problem | None:
+        """The first parameter this server cannot honour (see the module docstring)."""
+        return None
 
-class TextPart(BaseModel):
-    type: Literal["text"] = "text"
-    text: str
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="only 'text' is supported")
+    text: str | None = None
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text, as the model wrote it")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+    def template(self, parse_arguments: bool) -> dict[str, Any]:
+        """The call as a chat template takes it. HF templates expect ``arguments`` as an object (vLLM
+        parses them the same way), so with ``parse_arguments`` JSON text of an object is passed parsed;
+        an OpenAI-compatible remote takes the text as it is."""
+        arguments: Any = self.function.arguments
+        if parse_arguments:
+            try:
+                parsed = json.loads(arguments)
+            except ValueError:
+                parsed = None
+            arguments = parsed if isinstance(parsed, dict) else arguments
+        return {
+            "id": self.id,
+            "type": self.type,
+            "function": {"name": self.function.name, "arguments": arguments},
+        }
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A chat turn; ``tool`` turns and assistant turns with ``tool_calls`` (content null) included."""
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    model_config = ConfigDict(extra="allow")
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(None, description="the call a tool turn answers")
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content)
+
+    def template(self, parse_arguments: bool = True) -> dict[str, Any]:
+        """The message as the model's chat template takes it (``developer`` is its ``system``)."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        message["content"] = self.text()
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.template(parse_arguments) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+    def problem(self, at: str) -> Problem | None:
+        """The first thing in this turn the server cannot take (``at``: its place, ``messages[2]``)."""
+        if found := extra_problem(self.model_extra, MESSAGE_NO_OP, frozenset(), f"{at}."):
+            return found
+        parts = self.content if isinstance(self.content, list) else []
+        null_content = self.content is None and not (self.role == "assistant" and self.tool_calls)
+        checks: list[tuple[bool, str, str, str]] = [
+            *((p.type != "text", "unsupported_parameter", f"{at}.content[{j}].type",
+               f"only text content parts are supported, not {p.type!r}") for j, p in enumerate(parts)),
+            *((p.text is None, "invalid_value", f"{at}.content[{j}].text", "a text part needs its text")
+              for j, p in enumerate(parts)),
+            (null_content, "invalid_value", f"{at}.content",
+             "content may be null only in an assistant turn with tool_calls"),
+            (bool(self.tool_calls) and self.role != "assistant", "invalid_value", f"{at}.tool_calls",
+             "only assistant turns carry tool_calls"),
+            (self.role == "tool" and not self.tool_call_id, "missing_required_parameter",
+             f"{at}.tool_call_id", "a tool turn needs the tool_call_id it answers"),
+        ]  # fmt: skip
+        return next(((code, param, message) for bad, code, param, message in checks if bad), None)
 
 
 class ChatCompletionRequest(_OpenAIRequest):
+    """OpenAI's chat completion request; unimplemented parameters are a 400 unless they ask for nothing."""
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens")
-    logprobs: bool = False
+    logprobs: bool = Field(False, description="with stream, the chunks are sent once decoding ends")
     top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def problem(self) -> Problem | None:
+        for i, message in enumerate(self.messages):
+            if found := message.problem(f"messages[{i}]"):
+                return found
+        return extra_problem(self.model_extra, CHAT_NO_OP, HINTS)
 
 
 class CompletionRequest(_OpenAIRequest):
-    prompt: str | list[str] = Field(description="one prompt, or a batch of prompts")
+    """OpenAI's legacy completion request; unimplemented parameters are a 400 unless they ask for nothing."""
+
+    prompt: str | list[str] = Field(description="one prompt, or a batch of prompts (text, not token ids)")
     logprobs: int | None = Field(None, ge=0, le=5, description="return the top-k log-probs per token")
-    echo: Literal[False] = False
+
+    def problem(self) -> Problem | None:
+        return extra_problem(self.model_extra, COMPLETION_NO_OP, HINTS)
+
+
+class OpenAIError(BaseModel):
+    message: str
+    type: str = Field(
+        description="invalid_request_error, authentication_error, permission_error, rate_limit_error "
+        "or server_error"
+    )
+    param: str | None = Field(None, description="the request field at fault, e.g. 'messages[0].role'")
+    code: str | None = Field(None, description="machine-readable, e.g. 'model_not_found'")
+
+
+class OpenAIErrorResponse(BaseModel):
+    """The error body of the OpenAI-compatible routes: OpenAI's envelope, which the official client
+    reads into ``e.message``, ``e.code``, ``e.param`` and ``e.type``."""
+
+    error: OpenAIError
 
 
 class Usage(BaseModel):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -93,25 +92,3 @@ def test_logprobs(client: openai.OpenAI) -> None:
     assert text.logprobs is not None and len(text.logprobs.token_logprobs or []) == len(
         text.logprobs.tokens or []
     )
-
-
-@pytest.mark.parametrize(
-    ("body", "status", "error"),
-    [
-        ({"model": "gpt-4", "messages": HELLO}, 404, "model_not_found"),
-        ({"messages": HELLO, "max_tokens": 10_000}, 422, "max_tokens_too_large"),
-        ({"messages": HELLO, "n": 99}, 422, "n_too_large"),
-        ({"messages": []}, 422, "invalid_request"),
-        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 422, "prompt_too_long"),
-        ({"messages": HELLO, "stop": [""]}, 422, "invalid_stop"),
-    ],
-)
-def test_chat_rejects_with_json(policy_url: str, body: dict[str, object], status: int, error: str) -> None:
-    response = httpx.post(f"{policy_url}/v1/chat/completions", json=body)
-    assert response.status_code == status, response.text
-    assert response.json()["error"] == error
-
-
-def test_completion_rejects_empty_prompt(policy_url: str) -> None:
-    response = httpx.post(f"{policy_url}/v1/completions", json={"prompt": "  "})
-    assert response.status_code == 422 and response.json()["error"] == "empty_prompt"

@@ -1,0 +1,350 @@
+"""The OpenAI-compatible routes: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``.
+
+The official ``openai`` client is the reference:
+
+- errors carry OpenAI's envelope ``{"error": {"message", "type", "param", "code"}}``
+  (:class:`OpenAIRoute`), and a request OpenAI would call invalid is a 400 (never a 422);
+- a parameter this server does not implement is a 400 naming it (:mod:`services.policy.protocol`);
+- ``stream: true`` answers server-sent events, ``data: {chunk}`` lines and a final ``data: [DONE]``,
+  sent as the text is decoded: the transformers engine hands each choice's new text over from its
+  decoding loop (``SamplingParams.on_text``), holding back only what may begin a stop string. The
+  vLLM and OpenAI engines do not stream, so their text arrives in one chunk when decoding ends; so
+  does a stream that asks for ``logprobs`` (its chunks carry per-token log-probs, known at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from jinja2 import TemplateError
+from starlette.concurrency import run_in_threadpool
+
+from services.errors import ApiError
+from services.policy.agent import Policy
+from services.policy.engines import Generation, Prompt, SamplingParams
+from services.policy.openai_errors import OPENAI_ERRORS, OpenAIRoute
+from services.policy.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    _OpenAIRequest,
+    sse,
+)
+from services.policy.settings import PolicySettings
+from services.policy.streaming import LiveStream
+
+SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {}}}}
+# /v1/models can only fail as any route can; the generation routes add their own errors.
+openai_router = APIRouter(route_class=OpenAIRoute, responses={k: OPENAI_ERRORS[k] for k in ("4XX", 500)})
+GENERATION_RESPONSES = SSE_RESPONSE | OPENAI_ERRORS
+
+
+# -- shared request handling -----------------------------------------------------------------------
+
+
+def policy_of(request: Request) -> Policy:
+    policy: Policy = request.app.state.policy
+    return policy
+
+
+def _bad(code: str, message: str, param: str | None) -> ApiError:
+    return ApiError(400, code, message, {"param": param})
+
+
+def _check(policy: Policy, body: _OpenAIRequest) -> str:
+    """Reject what the server cannot honour; the model id to answer with."""
+    if found := body.problem():
+        code, param, message = found
+        raise _bad(code, message, param)
+    if body.model not in (None, policy.model_id, policy.engine.model_path):
+        raise ApiError(
+            404, "model_not_found",
+            f"The model {body.model!r} does not exist here; this service serves {policy.model_id!r}",
+            {"param": "model"},
+        )  # fmt: skip
+    return policy.model_id
+
+
+def _sampling(
+    s: PolicySettings, body: _OpenAIRequest, max_tokens: int | None, default: int
+) -> SamplingParams:
+    """Validate the common OpenAI parameters against the service limits."""
+    tokens = max_tokens or min(default, s.max_tokens)
+    if tokens > s.max_tokens:
+        message = f"max_tokens={tokens} exceeds {s.max_tokens} (POLICY_MAX_TOKENS)"
+        raise _bad("max_tokens_too_large", message, "max_tokens")
+    if body.n > s.max_n:
+        raise _bad("n_too_large", f"n={body.n} exceeds {s.max_n} (POLICY_MAX_N)", "n")
+    stop = body.stops()
+    if len(stop) > 8 or any(not x for x in stop):
+        raise _bad("invalid_stop", "stop takes at most 8 non-empty strings", "stop")
+    return SamplingParams(
+        max_tokens=tokens, temperature=body.temperature, top_p=body.top_p, n=body.n, stop=stop, seed=body.seed
+    )
+
+
+def _chars(prompt: Prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or "")) for m in prompt)
+
+
+def _check_tools_render(policy: Policy, messages: list[dict[str, Any]]) -> None:
+    """A template that cannot render tool turns, or drops them silently, is a 400 naming the model."""
+    tokenizer = policy.engine.tokenizer
+    calls = [c["function"]["name"] for m in messages for c in m.get("tool_calls", ())]
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if policy.settings.engine == "openai" or tokenizer is None or not calls + results:
+        return  # a remote server renders the turns itself
+    name = f"the chat template of {policy.engine.model_path!r}"
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # jinja raises whatever the template does (TypeError, UndefinedError ...)
+        raise _bad("unsupported_messages", f"{name} cannot render tool calls: {exc}", "messages") from None
+    if missing := [x for x in calls + results if x not in text]:
+        raise _bad("unsupported_messages", f"{name} drops tool calls or results: {missing}", "messages")
+
+
+async def _generate(
+    policy: Policy, prompts: Sequence[Prompt], params: SamplingParams
+) -> list[list[Generation]]:
+    """Run the engine off the event loop; a prompt it cannot take is a 400 naming why."""
+    chars = sum(_chars(p) for p in prompts)
+    if chars > policy.settings.max_prompt_chars:
+        limit = policy.settings.max_prompt_chars
+        message = f"the prompt has {chars} characters; the limit is {limit} (POLICY_MAX_PROMPT_CHARS)"
+        raise _bad("prompt_too_long", message, "messages" if not isinstance(prompts[0], str) else "prompt")
+    deadline = time.monotonic() + policy.settings.request_timeout_s
+    params = replace(params, deadline=deadline)
+    with policy.admitted():
+        try:
+            return await run_in_threadpool(policy.engine.generate, prompts, params)
+        except (ValueError, TemplateError) as exc:
+            raise _bad("invalid_prompt", str(exc), None) from None
+
+
+def _usage(gens: list[Generation], prompts: int) -> Usage:
+    prompt = sum(g.prompt_tokens for g in gens[:: max(1, len(gens) // prompts)])
+    completion = sum(len(g.token_ids) for g in gens)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _usage_chunk(prompts: int) -> Callable[[list[Generation]], dict[str, Any]]:
+    return lambda gens: _usage(gens, prompts).model_dump()
+
+
+def _streamed(policy: Policy, prompts: Sequence[Prompt], params: SamplingParams) -> Any:
+    """``generate(on_text)`` for :meth:`LiveStream.start`: this request, streaming to ``on_text``."""
+    return lambda on_text: _generate(policy, prompts, replace(params, on_text=on_text))
+
+
+# -- routes --------------------------------------------------------------------------------------
+
+
+@openai_router.get("/v1/models", operation_id="list_models")
+def list_models(request: Request) -> ModelList:
+    policy = policy_of(request)
+    card = ModelCard(id=policy.model_id, created=int(time.time()), root=policy.engine.model_path)
+    return ModelList(data=[card])
+
+
+@openai_router.post(
+    "/v1/chat/completions",
+    operation_id="chat_completions",
+    response_model=ChatCompletionResponse,
+    responses=GENERATION_RESPONSES,
+)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    """OpenAI chat completions: the model's chat template, then sampling (``stream`` for SSE)."""
+    policy = policy_of(request)
+    model = _check(policy, body)
+    params = _sampling(policy.settings, body, body.max_completion_tokens or body.max_tokens, 256)
+    top = body.top_logprobs or 0
+    params = replace(params, logprobs=body.logprobs, top_logprobs=top)
+    messages = [m.template(parse_arguments=policy.settings.engine == "transformers") for m in body.messages]
+    _check_tools_render(policy, messages)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+    include = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream and not body.logprobs:
+        live = await LiveStream.start(_streamed(policy, [messages], params))
+        opening = [{"index": i, "delta": {"role": "assistant", "content": ""}} for i in range(body.n)]
+        events = live.events(head, opening, _chat_piece, _chat_end, _usage_chunk(1) if include else None)
+        return StreamingResponse(events, media_type="text/event-stream")
+    (gens,) = await _generate(policy, [messages], params)
+    usage = _usage(gens, 1)
+    if body.stream:
+        chunks = _chat_chunks(head, gens, top, usage if include else None)
+        return StreamingResponse(chunks, media_type="text/event-stream")
+    choices = [
+        ChatChoice(
+            index=i,
+            message=AssistantMessage(content=g.text),
+            finish_reason=g.finish_reason,
+            stop_reason=g.stop_reason,
+            logprobs=_chat_logprobs(g, top) if body.logprobs else None,
+        )
+        for i, g in enumerate(gens)
+    ]
+    return ChatCompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
+
+
+@openai_router.post(
+    "/v1/completions",
+    operation_id="completions",
+    response_model=CompletionResponse,
+    responses=GENERATION_RESPONSES,
+)
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    """OpenAI (legacy) text completions: the prompt as raw text, no chat template."""
+    policy = policy_of(request)
+    model = _check(policy, body)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+    if not prompts or not all(p.strip() for p in prompts):
+        raise _bad("empty_prompt", "every prompt needs at least one non-blank character", "prompt")
+    params = _sampling(policy.settings, body, body.max_tokens, 16)
+    if len(prompts) * body.n > policy.settings.max_n:
+        raise _bad("n_too_large", f"prompts x n exceeds {policy.settings.max_n} (POLICY_MAX_N)", "n")
+    top = body.logprobs or 0
+    params = replace(params, logprobs=body.logprobs is not None, top_logprobs=top)
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+    include = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream and body.logprobs is None:
+        live = await LiveStream.start(_streamed(policy, prompts, params))
+        usage_chunk = _usage_chunk(len(prompts)) if include else None
+        events = live.events(head, [], _completion_piece, _completion_end, usage_chunk)
+        return StreamingResponse(events, media_type="text/event-stream")
+    gens = [g for group in await _generate(policy, prompts, params) for g in group]
+    usage = _usage(gens, len(prompts))
+    if body.stream:
+        chunks = _completion_chunks(head, gens, usage if include else None)
+        return StreamingResponse(chunks, media_type="text/event-stream")
+    choices = [
+        CompletionChoice(
+            index=i,
+            text=g.text,
+            finish_reason=g.finish_reason,
+            stop_reason=g.stop_reason,
+            logprobs=_completion_logprobs(g, top) if body.logprobs is not None else None,
+        )
+        for i, g in enumerate(gens)
+    ]
+    return CompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
+
+
+# -- chunks --------------------------------------------------------------------------------------
+
+
+def _chat_piece(i: int, text: str) -> dict[str, Any]:
+    return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+
+
+def _chat_end(i: int, g: Generation) -> dict[str, Any]:
+    end = {"index": i, "delta": {}, "logprobs": None}
+    return end | {"finish_reason": g.finish_reason, "stop_reason": g.stop_reason}
+
+
+def _completion_piece(i: int, text: str) -> dict[str, Any]:
+    return {"index": i, "text": text, "logprobs": None, "finish_reason": None}
+
+
+def _completion_end(i: int, g: Generation) -> dict[str, Any]:
+    end = {"index": i, "text": "", "logprobs": None}
+    return end | {"finish_reason": g.finish_reason, "stop_reason": g.stop_reason}
+
+
+# -- replayed streams (logprobs) and log-probs -------------------------------------------------------
+
+
+def _pieces(g: Generation) -> list[tuple[str, slice]]:
+    """The text as token-sized pieces for a replayed stream, each with the token indices it covers."""
+    pieces: list[tuple[str, slice]] = []
+    at = 0
+    for i, t in enumerate(g.tokens):
+        if at >= len(g.text) or not t or not g.text.startswith(t, at):
+            break
+        pieces.append((t, slice(i, i + 1)))
+        at += len(t)
+    if at < len(g.text):  # the rest (a multi-byte character split over tokens, or no token info)
+        pieces.append((g.text[at:], slice(len(pieces), len(g.tokens))))
+    return pieces
+
+
+def _chat_chunks(
+    head: dict[str, Any], gens: list[Generation], top: int, usage: Usage | None
+) -> Iterator[str]:
+    for i, g in enumerate(gens):
+        yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}}]})
+        for text, tokens in _pieces(g):
+            choice = _chat_piece(i, text)
+            if g.logprobs is not None:
+                part = Generation(text, g.finish_reason, None, [], g.tokens[tokens], g.logprobs[tokens])
+                part.top_logprobs = g.top_logprobs[tokens] if g.top_logprobs else None
+                logprobs = _chat_logprobs(part, top)
+                choice["logprobs"] = logprobs.model_dump() if logprobs else None
+            yield sse({**head, "choices": [choice]})
+        yield sse({**head, "choices": [_chat_end(i, g)]})
+    if usage is not None:
+        yield sse({**head, "choices": [], "usage": usage.model_dump()})
+    yield sse("[DONE]")
+
+
+def _completion_chunks(head: dict[str, Any], gens: list[Generation], usage: Usage | None) -> Iterator[str]:
+    for i, g in enumerate(gens):
+        for text, _ in _pieces(g):
+            yield sse({**head, "choices": [_completion_piece(i, text)]})
+        yield sse({**head, "choices": [_completion_end(i, g)]})
+    if usage is not None:
+        yield sse({**head, "choices": [], "usage": usage.model_dump()})
+    yield sse("[DONE]")
+
+
+def _chat_logprobs(g: Generation, top: int) -> ChatLogprobs | None:
+    if g.logprobs is None:
+        return None
+    tops = g.top_logprobs or [{} for _ in g.logprobs]
+    return ChatLogprobs(
+        content=[
+            TokenLogprob(
+                token=t,
+                logprob=lp,
+                bytes=list(t.encode()),
+                top_logprobs=[TopLogprob(token=k, logprob=v, bytes=list(k.encode())) for k, v in d.items()][
+                    :top
+                ],
+            )
+            for t, lp, d in zip(g.tokens, g.logprobs, tops, strict=True)
+        ]
+    )
+
+
+def _completion_logprobs(g: Generation, top: int) -> CompletionLogprobs | None:
+    if g.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for t in g.tokens:
+        offsets.append(at)
+        at += len(t)
+    tops = g.top_logprobs if top else None
+    return CompletionLogprobs(
+        tokens=g.tokens, token_logprobs=g.logprobs, top_logprobs=tops, text_offset=offsets
+    )
