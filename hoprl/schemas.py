@@ -10,11 +10,26 @@ Every loader (local JSONL, Hugging Face hub, the synthetic world) produces :clas
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, field_validator
 
 SearchMode = Literal["dense", "sparse", "hybrid"]
+
+#: a metadata field name, or a dotted path into nested metadata (``"kind"``, ``"source.site"``):
+#: the keys Qdrant's JSON paths accept without quoting ("" or "a b" made it fail: invalid JSON path)
+FILTER_KEY = r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$"
+_INT64 = 2**63 - 1  # Qdrant keeps integers as int64
+FilterKey = Annotated[str, StringConstraints(pattern=FILTER_KEY)]
+FilterInt = Annotated[StrictInt, Field(ge=-_INT64, le=_INT64)]
+FilterValue = (
+    StrictStr
+    | FilterInt
+    | Annotated[list[StrictStr], Field(min_length=1, max_length=256)]
+    | Annotated[list[FilterInt], Field(min_length=1, max_length=256)]
+)
 
 
 class Paragraph(BaseModel):
@@ -91,9 +106,13 @@ class SearchRequest(BaseModel):
     queries: list[str] = Field(min_length=1)
     top_k: int = Field(default=5, ge=1, le=100)
     mode: SearchMode = "hybrid"
-    filter: dict[str, Any] | None = Field(
+    filter: dict[FilterKey, FilterValue] | None = Field(
         default=None,
-        description="payload filter: {field: value} or {field: [values]} on document metadata",
+        max_length=32,
+        description="payload filter on document metadata, every condition must hold: {field: value} "
+        "matches documents whose metadata field equals value, {field: [values]} any of the values. "
+        "A field is a name of letters, digits, '_' and '-' (a dotted path reaches nested metadata); a "
+        "value is a string or an integer, a list holds strings only or integers only",
     )
     feedback: bool | None = Field(
         default=None,
@@ -108,6 +127,37 @@ class SearchRequest(BaseModel):
             if not q.strip():
                 raise ValueError(f"queries[{i}] is empty; every query needs at least one word")
         return queries
+
+    @field_validator("filter", mode="before")
+    @classmethod
+    def _filter_shape(cls, filter: Any) -> Any:
+        """Name the first bad condition in plain words (the type errors of a union are a list of 4)."""
+        if not isinstance(filter, dict):
+            return filter  # null, or the type error "a valid dictionary"
+        for key, value in filter.items():
+            if not isinstance(key, str) or not re.match(FILTER_KEY, key):
+                raise ValueError(
+                    f"filter key {key!r} is not a metadata field name: use letters, digits, '_' or '-' "
+                    "(1-64 of them; a '.' between names reaches nested metadata)"
+                )
+            values = value if isinstance(value, list) else [value]
+            kinds = {_filter_kind(v) for v in values}
+            if not values or None in kinds or len(kinds) > 1:
+                raise ValueError(
+                    f"filter[{key!r}] = {json.dumps(value)} cannot be matched: use a string, an integer, or a "
+                    "non-empty list of strings or of integers (null, true/false, decimals and objects "
+                    "are not filter values)"
+                )
+        return filter
+
+
+def _filter_kind(value: Any) -> str | None:
+    """'str' or 'int' for a value a filter can match exactly (int64), else None."""
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _INT64:
+        return "int"
+    return None
 
 
 class SearchResponse(BaseModel):

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.judge.prompts import ANSWER_PROMPTS, ANSWERABLE_PROMPTS
+from services.settings import ServiceSettings
 
 
-class JudgeSettings(BaseSettings):
+class JudgeSettings(ServiceSettings):
     """Which backend decides, where the LLM is, how results are cached, and the request limits.
 
     Every field reads ``JUDGE_<FIELD>``. The rules backend needs nothing else; the openai backend

@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.settings import ServiceSettings
 
 EngineName = Literal["transformers", "vllm", "openai"]
 
 
-class PolicySettings(BaseSettings):
+class PolicySettings(ServiceSettings):
     """Which model is served by which engine, where the retriever is, and the request limits.
 
     Every field reads ``POLICY_<FIELD>`` (e.g. ``POLICY_ENGINE=vllm``). ``admin_token`` has no

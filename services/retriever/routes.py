@@ -14,7 +14,26 @@ from services.retriever.index import CollectionNotFound, HybridIndex
 
 router = APIRouter(responses=ERROR_RESPONSES)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-CollectionName = Annotated[str, Path(description="collection name: letters, digits, '_', '-', '.'")]
+# The pattern is declared for clients (and the fuzzer); _valid_name checks it with a plainer message.
+CollectionName = Annotated[
+    str,
+    Path(
+        description="collection name: letters, digits, '_', '-', '.'",
+        json_schema_extra={"pattern": NAME.pattern},
+    ),
+]
+
+
+def _links(name: str) -> dict[str, dict[str, Any]]:
+    """OpenAPI links from an operation that leaves collection ``name`` (an expression) in place:
+    what a client can do with it next; schemathesis' stateful tests follow them."""
+    by_path = {"parameters": {"name": name}}
+    return {
+        "GetCollection": {"operationId": "get_collection", **by_path},
+        "IngestDocuments": {"operationId": "ingest_documents", **by_path},
+        "Search": {"operationId": "search", "requestBody": {"collection": name}},
+        "DeleteCollection": {"operationId": "delete_collection", **by_path},
+    }
 
 
 def _index(request: Request) -> HybridIndex:
@@ -57,7 +76,15 @@ def get_collection(name: CollectionName, request: Request) -> CollectionInfo:
         raise _not_found(name, index) from None
 
 
-@router.put("/v1/collections/{name}", operation_id="create_collection")
+CREATED: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the collection", "links": _links("$request.path.name")}
+}
+INGESTED: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the ingest's counts", "links": _links("$response.body#/collection")}
+}
+
+
+@router.put("/v1/collections/{name}", operation_id="create_collection", responses=CREATED)
 def create_collection(name: CollectionName, request: Request) -> CollectionInfo:
     """Create an empty collection (idempotent). Ingesting into a missing collection creates it too."""
     return _index(request).create(_valid_name(name))
@@ -73,7 +100,7 @@ def delete_collection(name: CollectionName, request: Request) -> dict[str, str]:
     return {"deleted": name}
 
 
-@router.post("/v1/collections/{name}/documents", operation_id="ingest_documents")
+@router.post("/v1/collections/{name}/documents", operation_id="ingest_documents", responses=INGESTED)
 def ingest(name: CollectionName, body: IngestRequest, request: Request) -> IngestResponse:
     """Upsert a batch of documents; ids make it idempotent (re-ingesting replaces, never duplicates)."""
     index = _index(request)

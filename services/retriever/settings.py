@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from hoprl.embedding import Backend
+from services.settings import ServiceSettings
 
 
-class RetrieverSettings(BaseSettings):
+class RetrieverSettings(ServiceSettings):
     """Where vectors live, how documents are embedded, the fusion recipe and the request limits.
 
     Every field reads ``RETRIEVER_<FIELD>`` (e.g. ``RETRIEVER_STORAGE_PATH``); the Qdrant server

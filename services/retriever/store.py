@@ -12,6 +12,7 @@ Both speak the same Query API: prefetches of named dense / sparse vectors fused 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import threading
@@ -22,6 +23,8 @@ from typing import Any, Protocol
 
 import qdrant_edge as qe
 from qdrant_client import QdrantClient, models
+
+from services.errors import StartupError
 
 Sparse = tuple[list[int], list[float]]
 DENSE, SPARSE, TITLE = "dense", "bm25", "title_bm25"
@@ -86,12 +89,46 @@ def _conditions(filter: dict[str, Any] | None) -> list[tuple[str, list[Any]]]:
     ]
 
 
+class StorageInUse(StartupError):
+    """The embedded storage folder is held by another retriever (one process per folder)."""
+
+
+class FolderLock:
+    """An exclusive lock on an embedded storage folder, held until :meth:`release`.
+
+    Both embedded engines open a folder in one process only; a second one failed deep inside the
+    engine (qdrant-edge: ``Can't init WAL``; qdrant-client's local mode: a RuntimeError). This lock
+    is taken first, so the second retriever stops at once with a message that names the folder and
+    the setting. ``flock`` locks belong to the open file, so two stores in one process conflict
+    too, and the kernel drops the lock when a process dies (no stale lock file to clean up).
+    """
+
+    NAME = ".hoprl-retriever.lock"
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.file = (root / self.NAME).open("a")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            raise StorageInUse(
+                f"the retriever's storage folder {root.resolve()} is in use by another process (a "
+                "retriever, or a command that runs one, already opened it; embedded Qdrant opens a "
+                "folder in one process only). Stop that process, give this retriever its own folder "
+                "with RETRIEVER_STORAGE_PATH, or share one Qdrant server through QDRANT_URL."
+            ) from None
+
+    def release(self) -> None:
+        self.file.close()  # closing the file releases the lock
+
+
 class EdgeStore:
     """Embedded Qdrant (qdrant-edge): ``<root>/<collection>/`` holds a shard and ``meta.json``."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.lock_file = FolderLock(self.root)
         self.shards: dict[str, qe.EdgeShard] = {}
         self.lock = threading.RLock()
         for meta in sorted(self.root.glob("*/meta.json")):
@@ -189,15 +226,19 @@ class EdgeStore:
             for shard in self.shards.values():
                 shard.close()
             self.shards.clear()
+        self.lock_file.release()
 
 
 class ClientStore:
     """qdrant-client: a Qdrant server (``url``) or qdrant-client's local mode (``path``)."""
 
     def __init__(self, url: str | None = None, path: Path | None = None, api_key: str | None = None) -> None:
+        self.lock_file: FolderLock | None = None
         if url:
             self.client = QdrantClient(url=url, api_key=api_key)
         else:
+            assert path is not None
+            self.lock_file = FolderLock(Path(path))
             self.client = QdrantClient(path=str(path))
 
     def names(self) -> list[str]:
@@ -279,3 +320,5 @@ class ClientStore:
 
     def close(self) -> None:
         self.client.close()
+        if self.lock_file is not None:
+            self.lock_file.release()

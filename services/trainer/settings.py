@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from services.settings import ServiceSettings
 
 
-class TrainerSettings(BaseSettings):
+def _flows_runs_dir() -> Path:
+    """The flows' runs folder (``$HOPRL_RUNS_DIR``, default ``runs``): where a pipeline prepares its data."""
+    return Path(os.environ.get("HOPRL_RUNS_DIR", "runs"))
+
+
+def _default_data_roots() -> list[Path]:
+    return [Path("data"), Path("../shared/data"), _flows_runs_dir()]
+
+
+def _default_model_roots() -> list[Path]:
+    return [_flows_runs_dir()]
+
+
+class TrainerSettings(ServiceSettings):
     """Where runs are recorded and written, what the jobs talk to, how the queue polls.
 
     Every field reads ``TRAINER_<FIELD>`` (e.g. ``TRAINER_RUNS_DIR``); the registry URL is also
@@ -32,3 +50,48 @@ class TrainerSettings(BaseSettings):
     torch_threads: int = Field(0, ge=0, description="training threads; 0 = torch default (decoding uses 1)")
     poll_interval_s: float = Field(1.0, gt=0, description="how often the queue looks for work")
     python: str | None = Field(None, description="interpreter for job subprocesses; unset = this one")
+
+    # What a client may name (services.trainer.admission): a JSON list or folders joined by ':'.
+    data_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=_default_data_roots,
+        description="folders a job's JSONL dataset may be read from (runs_dir too); default: data, "
+        "../shared/data and the flows' runs folder ($HOPRL_RUNS_DIR, default runs)",
+    )
+    model_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=_default_model_roots,
+        description="folders a job's model or resume_from checkpoint may be loaded from (runs_dir and "
+        "model_cache's folder too); default: the flows' runs folder",
+    )
+
+    # Limits per job: a request over one is a 422 naming the setting.
+    max_steps: int = Field(10_000, ge=1, description="optimizer steps per job")
+    max_questions_per_step: int = Field(256, ge=1, description="questions (GRPO groups) per step")
+    max_num_generations: int = Field(64, ge=2, description="samples per question (the group size)")
+    max_new_tokens_per_step: int = Field(4096, ge=1, description="tokens one agent step may generate")
+    max_token_budget: int = Field(32_768, ge=16, description="completion tokens per episode")
+    max_eval_questions: int = Field(1024, ge=1, description="dev questions per curriculum check")
+    max_job_tokens: int = Field(
+        10_000_000_000,
+        ge=1,
+        description="completion tokens a whole job may generate (steps x questions x generations x draws "
+        "x token_budget); the default is about a week of generation on one large GPU",
+    )
+
+    @field_validator("data_roots", "model_roots", mode="before")
+    @classmethod
+    def _folders(cls, value: Any) -> Any:
+        """``["/a", "/b"]`` (JSON) or ``/a:/b`` (like PATH) from the environment."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [p for p in text.split(os.pathsep) if p]
+        return value
+
+    @property
+    def dataset_roots(self) -> list[Path]:
+        """Where a dataset file may live: ``data_roots`` and ``runs_dir``."""
+        return [*self.data_roots, self.runs_dir]
+
+    @property
+    def checkpoint_roots(self) -> list[Path]:
+        """Where a model or checkpoint may live: ``model_roots``, the model cache's folder, ``runs_dir``."""
+        return [*self.model_roots, self.model_cache.parent, self.runs_dir]

@@ -104,7 +104,36 @@ def test_equal_scores_come_back_in_one_order(service: str, feedback: bool) -> No
 def test_filter_restricts_to_payload(service: str) -> None:
     with RetrieverClient(service) as client:
         hits = client.search("tiny", ["founded"], top_k=5, filter={"kind": "company"})[0]
-    assert {h.id for h in hits} == {"acme", "brio"}
+        assert {h.id for h in hits} == {"acme", "brio"}
+        either = client.search("tiny", ["founded"], top_k=5, filter={"kind": ["city", "river"]})[0]
+        assert {h.id for h in either} == {"velmora", "ansk"}
+        assert client.search("tiny", ["founded"], filter={"kind": 1961, "no-such.field": ["x"]}) == [[]]
+
+
+@pytest.mark.parametrize(
+    ("filter", "named"),
+    [
+        ({"kind": None}, "null"),
+        ({"kind": 1.5}, "1.5"),
+        ({"kind": {"nested": "company"}}, "nested"),
+        ({"kind": True}, "true"),
+        ({"kind": []}, "[]"),
+        ({"kind": ["company", 1]}, '"company", 1'),
+        ({"kind": [None]}, "[null]"),
+        ({"kind": 2**63}, str(2**63)),
+        ({"": "company"}, "''"),
+        ({"the kind": "company"}, "'the kind'"),
+        ({"kind.": "company"}, "'kind.'"),
+    ],
+)
+def test_a_filter_qdrant_cannot_run_is_a_422_naming_it(service: str, filter: dict, named: str) -> None:
+    """Each was a 500 (Qdrant: "invalid JSON path", or a failed conversion of the value)."""
+    body = {"collection": "tiny", "queries": ["founded"], "filter": filter}
+    response = httpx.post(f"{service}/v1/search", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid_request"
+    message = response.json()["message"]
+    assert message.startswith("filter: filter") and named in message, message
 
 
 def test_ingest_is_idempotent_by_id(service: str) -> None:
