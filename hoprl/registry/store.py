@@ -197,6 +197,9 @@ class Registry:
             return run
 
     def get_run(self, run_id: str) -> RunRow | None:
+        """The run with this id, or None; an id no column can hold (a NUL in it) names no run."""
+        if "\x00" in run_id:  # PostgreSQL text cannot hold NUL: the query itself would fail
+            return None
         with self.session() as s:
             return s.get(RunRow, run_id)
 
