@@ -323,8 +323,13 @@ class Policy:
         if total > s.max_rollouts:
             raise ApiError(
                 413, "batch_too_large",
-                f"{total} episodes (questions x n_samples) in one request; the limit is {s.max_rollouts}",
+                f"{total} episodes (questions x n_samples) in one request; the limit is {s.max_rollouts} "
+                "(POLICY_MAX_ROLLOUTS)",
             )  # fmt: skip
+        for q in body.questions:  # a question's own paragraphs enter its prompt (ARENA's references)
+            self.bounded("question_chars", len(q.question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
+            chars = len(q.question) + sum(len(p.title) + len(p.text) for p in q.paragraphs)
+            self.bounded("prompt_chars", chars, s.max_prompt_chars, "POLICY_MAX_PROMPT_CHARS")
         self.bounded("max_tokens", sp.max_tokens, s.max_tokens_per_step, "POLICY_MAX_TOKENS_PER_STEP")
         self.bounded("max_steps", sp.max_steps, s.max_steps, "POLICY_MAX_STEPS")
         budget = self.bounded(
