@@ -55,7 +55,11 @@ THIRD_PARTY_ENV = {"HF_HOME", "HF_TOKEN", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLEL
 SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|API_KEY")
 REQUIRED_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*):\?[^}]+\}$")
 # Values for the required variables (the secrets) when the compose file is interpolated here.
-TEST_VARS = {"POSTGRES_PASSWORD": "test-password", "POLICY_ADMIN_TOKEN": "test-admin-token"}
+TEST_VARS = {
+    "POSTGRES_PASSWORD": "test-password",
+    "POLICY_ADMIN_TOKEN": "test-admin-token",
+    "HOPRL_API_KEY": "test-api-key",
+}
 
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
