@@ -14,10 +14,15 @@ Each step t in 1..T_max gets seven signals (``Step.signals``), written by :func:
 r_ret  +1 if a SEARCH retrieves a gold document (title match), -1 if not; 0 on other steps
 r_dup  -(max cosine of this query to every earlier query of the episode); 0 for the first
 r_bt   -1 on a BACKTRACK
-r_ref  on REFUSE: +1 if the judge finds the question unanswerable, -1 if answerable; the judge
-       sees the question's gold evidence (``meta["gold_evidence"]``, recorded by the runner)
-       plus everything retrieved so far, with the gold answers as references. Judging only the
-       retrieved evidence would pay +1 for refusing before any search.
+r_ref  on REFUSE: +1 if the judge finds the **retrieved** evidence insufficient to answer the
+       question, -1 if it suffices (the paper: the judge decides whether the evidence the agent
+       retrieved answers the question). The evidence is every document retrieved so far, as
+       the policy read it (title and text); the gold answers go to the judge as references.
+       Rules judge: answerable iff a gold answer or alias occurs in that text; LLM judge: the
+       judge service's ``answerable@1`` prompt. Option ``ref_evidence="gold_and_retrieved"``
+       (the project's earlier reading) adds the question's gold paragraphs
+       (``meta["gold_evidence"]``, recorded by the runner), so a refusal before any search of an
+       answerable question is -1 instead of +1.
 r_step -1 on every step
 r_ans  (EM + F1) / 2 of the answer, on the ANSWER step
 r_act  -1 on a SEARCH when r_dup < 0 and p(t) >= 0.3 (a late, overlapping search)
@@ -26,8 +31,15 @@ r_act  -1 on a SEARCH when r_dup < 0 and p(t) >= 0.3 (a late, overlapping search
 and the step reward is ``R_t = sum_k w_k(t) r_k(t)`` with ``p(t) = (t-1)/(T_max-1)`` and
 ``w_k(t) = (1-p) w_early_k + p w_late_k``. Stage Discovery interpolates Table 2's Start -> Mid
 weights, stage Refinement Mid -> End; :class:`Curriculum` switches stage when the EMA of dev
-returns stops improving. The sequence reward is ``R = sum_t R_t``
-(:func:`hoprl.recipes.rewards.sequence_reward`); PPO takes the ``R_t`` themselves.
+returns fails to improve on the best EMA so far by ``eps`` for ``patience`` checks in a row.
+The sequence reward is ``R = sum_t R_t`` (:func:`hoprl.recipes.rewards.sequence_reward`); PPO's
+GAE and GRPO's per-step group normalisation take the ``R_t`` themselves
+(:meth:`EvoRag.step_rewards`).
+
+Episodes run up to ``T_max = 20`` steps (the trainer's ``max_turns`` default for this recipe is
+derived from ``t_max``: :func:`trainer_defaults`), so ``p(t)`` reaches 1, ``r_act`` can fire from
+``p(t) >= 0.3`` (step 7 of 20) and the late weights are reached. ``docs/recipes/evo-rag.md`` maps
+every mechanism of the paper to its code and test.
 """
 
 from __future__ import annotations
@@ -56,6 +68,8 @@ from hoprl.recipes.rewards import (
 from hoprl.schemas import Question
 
 Stage = Literal["discovery", "refinement"]
+SwitchRule = Literal["best", "previous"]
+RefEvidence = Literal["retrieved", "gold_and_retrieved"]
 SIGNALS = ("r_ret", "r_dup", "r_bt", "r_ref", "r_step", "r_ans", "r_act")
 SCORE_VERSION = "evo_rag@1"
 
@@ -75,10 +89,21 @@ class EvoRagConfig(BaseModel):
     w_ref: tuple[float, float, float] = (0.5, 0.5, 0.5)
     w_step: tuple[float, float, float] = (0.02, 0.05, 0.10)
     w_ans: tuple[float, float, float] = (0.05, 0.10, 1.00)
-    # The stage switch. The paper gives no numbers for these; they are ours.
+    # The stage switch: the paper's rule (best EMA so far); alpha, eps and P are not given as
+    # numbers in the paper, so these three values are ours.
     ema_alpha: float = Field(default=0.3, gt=0.0, le=1.0, description="EMA weight of the newest dev return")
     switch_eps: float = Field(default=0.01, description="an EMA gain below this is a flat check")
     switch_patience: int = Field(default=3, ge=1, description="flat checks in a row before switching")
+    switch_rule: SwitchRule = Field(
+        default="best",
+        description="best: a check is flat when the EMA is not eps above the best EMA so far (the paper); "
+        "previous: not eps above the previous check's EMA (an option)",
+    )
+    ref_evidence: RefEvidence = Field(
+        default="retrieved",
+        description="what r_ref's judge reads: the retrieved documents (the paper), or the gold "
+        "paragraphs plus the retrieved ones (an option)",
+    )
 
     def endpoints(self, signal: str) -> tuple[float, float, float]:
         """(Start, Mid, End) weights of ``r_xxx``."""
@@ -140,7 +165,9 @@ def score_episode(
     cfg = config or EvoRagConfig()
     scored = episode.model_copy(deep=True)
     overlaps = _overlaps(scored.steps)
-    evidence: list[str] = list(scored.meta.get("gold_evidence", []))
+    evidence: list[str] = []
+    if cfg.ref_evidence == "gold_and_retrieved":
+        evidence = list(scored.meta.get("gold_evidence", []))
     meta: dict[str, Any] = {"stage": stage, "version": SCORE_VERSION}
     for i, step in enumerate(scored.steps):
         p = progress(step.t, cfg.t_max)
@@ -158,9 +185,14 @@ def score_episode(
             answer = step.answer or ""
             signals["r_ans"] = (exact_match(answer, scored.answers) + f1(answer, scored.answers)) / 2
         step.signals = signals
-        evidence.extend(d.text for ranked in step.docs for d in ranked)
+        evidence.extend(evidence_text(d) for ranked in step.docs for d in ranked)
     scored.meta["evo_rag"] = meta
     return scored
+
+
+def evidence_text(doc: RetrievedDoc) -> str:
+    """One retrieved document as r_ref's judge reads it: as the policy read it, title and text."""
+    return f"(Title: {doc.title}) {doc.text}"
 
 
 def episode_step_rewards(episode: Episode, config: EvoRagConfig | None = None) -> list[float]:
@@ -177,6 +209,29 @@ def episode_return(episode: Episode, config: EvoRagConfig | None = None) -> floa
     return sequence_reward(episode, lambda t: step_weights(t, stage, cfg))
 
 
+#: Context tokens allowed per retrieved document, as :func:`render_information` writes it (SmolLM2's
+#: tokenizer): the median three-document block measured 440 tokens on HotpotQA (p90 689), 267 on
+#: 2Wiki and 382 on MuSiQue (100 dev questions each), the synthetic world's 174; 20 searches over
+#: the first 20 HotpotQA dev questions' paragraphs came to 11,434 context tokens.
+INFO_TOKENS_PER_DOC = 200
+
+
+def trainer_defaults(recipe_config: dict[str, Any], max_new_tokens_per_step: int = 64) -> dict[str, Any]:
+    """The trainer's episode limits for this recipe, derived from its config (one source of truth).
+
+    ``max_turns = t_max`` (the paper's T_max = 20 by default), and a ``token_budget`` (context
+    growth per episode) that lets all ``t_max`` steps be searches: per step, the generated tokens
+    plus ``top_k`` documents of :data:`INFO_TOKENS_PER_DOC`. With the defaults:
+    20 * (64 + 3 * 200) = 13280 tokens.
+
+    >>> trainer_defaults({"t_max": 5, "top_k": 2}, max_new_tokens_per_step=32)
+    {'max_turns': 5, 'token_budget': 2160}
+    """
+    cfg = EvoRagConfig(**recipe_config)
+    per_step = max_new_tokens_per_step + cfg.top_k * INFO_TOKENS_PER_DOC
+    return {"max_turns": cfg.t_max, "token_budget": cfg.t_max * per_step}
+
+
 def _scored_stage(episode: Episode) -> Stage:
     if "evo_rag" not in episode.meta:
         raise KeyError(f"episode {episode.question_id!r} is not scored; call evo_rag.score_episode first")
@@ -188,12 +243,21 @@ def _scored_stage(episode: Episode) -> Stage:
 
 
 class Curriculum(BaseModel):
-    """Discovery -> Refinement when the EMA of dev returns stops improving.
+    """Discovery -> Refinement when the EMA of dev returns stops improving on its best.
 
-    Each :meth:`update` is one dev check. The first check only seeds the EMA. After that,
-    ``ema_new = alpha * dev_return + (1 - alpha) * ema_old``; a check is *flat* when
-    ``ema_new - ema_old < eps`` (an absolute gain), and ``patience`` flat checks in a row switch
-    the stage, once. State is plain data: ``Curriculum.model_validate(c.to_dict())`` resumes it.
+    Each :meth:`update` is one dev check (the trainer runs one per checkpoint). The first check
+    seeds the EMA (and the best EMA) with its dev return. After that::
+
+        ema  = alpha * dev_return + (1 - alpha) * ema
+        flat = ema - best < eps          # rule "best" (the paper); "previous": ema - ema_before
+        best = max(best, ema)
+
+    ``patience`` flat checks in a row switch the stage, once; a check that is not flat resets the
+    count. This is the paper's rule: the running EMA fails to improve on the **best** EMA so far
+    by ``eps`` for ``P`` consecutive checks, so a dip followed by a slow recovery below the old
+    best counts as a plateau. ``rule="previous"`` (the project's earlier reading, kept as an
+    option) compares with the previous check's EMA instead, so any recovery resets the count.
+    State is plain data: ``Curriculum.model_validate(c.to_dict())`` resumes it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -201,15 +265,22 @@ class Curriculum(BaseModel):
     alpha: float = Field(default=0.3, gt=0.0, le=1.0)
     eps: float = 0.01
     patience: int = Field(default=3, ge=1)
+    rule: SwitchRule = "best"
     stage: Stage = "discovery"
     ema: float | None = None
+    best: float | None = Field(default=None, description="the highest EMA so far")
     flat_checks: int = 0
     checks: int = 0
     switched_at: int | None = Field(default=None, description="the check that switched the stage")
 
     @classmethod
     def from_config(cls, config: EvoRagConfig) -> Curriculum:
-        return cls(alpha=config.ema_alpha, eps=config.switch_eps, patience=config.switch_patience)
+        return cls(
+            alpha=config.ema_alpha,
+            eps=config.switch_eps,
+            patience=config.switch_patience,
+            rule=config.switch_rule,
+        )
 
     def update(self, dev_return: float) -> bool:
         """Record one dev return; True exactly when this check switches to Refinement."""
@@ -217,12 +288,15 @@ class Curriculum(BaseModel):
             raise ValueError(f"dev return must be finite, got {dev_return}")
         self.checks += 1
         if self.ema is None:
-            self.ema = dev_return
+            self.ema = self.best = dev_return
             return False
         previous, self.ema = self.ema, self.alpha * dev_return + (1 - self.alpha) * self.ema
+        best = previous if self.best is None else self.best  # (a state saved before `best` existed)
+        reference = best if self.rule == "best" else previous
+        self.best = max(best, self.ema)
         if self.stage == "refinement":
             return False
-        self.flat_checks = self.flat_checks + 1 if self.ema - previous < self.eps else 0
+        self.flat_checks = self.flat_checks + 1 if self.ema - reference < self.eps else 0
         if self.flat_checks < self.patience:
             return False
         self.stage, self.switched_at = "refinement", self.checks
@@ -359,6 +433,10 @@ class EvoRag:
 
     def reward_funcs(self) -> list[RewardFunc]:
         return make_reward_funcs(self.config, self.judge, self.curriculum)
+
+    def step_rewards(self, episode: Episode) -> list[float]:
+        """``R_t`` per step of an episode scored by :meth:`reward_funcs` (GRPO's per-step advantages)."""
+        return episode_step_rewards(episode, self.config)
 
     def score(self, episode: Episode) -> Episode:
         """:func:`score_episode` with this recipe's judge, config and current stage."""

@@ -8,7 +8,8 @@ TRL does the optimisation; this module only configures it:
 - the rewards are the recipe's ``reward_funcs()``, weighted by its ``reward_weights`` (TRL logs each);
 - ``loss_type`` is the objective (``grpo``, ``dapo``, ``dr_grpo``), with ``epsilon`` /
   ``epsilon_high`` (R2AG: 0.2 / 0.28) and ``beta`` (0 = no KL, no reference model);
-- :class:`HoprlGRPOTrainer` swaps TRL's k3 KL estimator for ARENA's k2 when asked.
+- :class:`HoprlGRPOTrainer` swaps TRL's k3 KL estimator for ARENA's k2 when asked, and gives
+  EVO-RAG its per-step advantages (``advantage="per_step"``, below).
 
 **The k2 estimator.** TRL adds ``beta * k3`` with ``k3 = exp(r - l) - (r - l) - 1`` (``l`` the
 policy's token log-prob, ``r`` the reference's), which grows like ``exp(r - l)`` when the policy
@@ -20,17 +21,35 @@ non-zero everywhere else, so TRL still computes the reference log-probs), and ad
 pass. The k2 term is averaged over mask-1 tokens per sequence and then over sequences (the
 ``grpo`` aggregation) for every loss type, and divided by the gradient-accumulation steps like
 TRL's loss; it is logged as ``kl`` (the k2 value).
+
+**Per-step advantages (EVO-RAG).** TRL turns each completion's total reward into one advantage,
+``(R_i - mean_group R) / std_group R``, and gives it to every token of the completion. EVO-RAG's
+GRPO normalises the *step* rewards ``r~_t = R_t = sum_k w_k(t) r_k(t)`` per step index across the
+group instead: for episode ``i`` of a group and its step ``t``::
+
+    A_{i,t} = (R_{i,t} - mu_t) / (sigma_t + 1e-4)     mu_t, sigma_t over the group's episodes
+                                                      that have a step t (TRL's mean and std)
+
+(``scale_rewards="none"`` drops the division; ``"batch"`` takes ``sigma_t`` over the whole batch;
+a step index only one episode reached gets 0). Step ``t``'s policy tokens (the ``t``-th run of
+mask-1 tokens, counting steps with text) all get ``A_{i,t}``; injected and template tokens get 0.
+TRL's loss accepts advantages of shape ``(B, T)`` from a subclass, so the override only replaces
+``advantages`` in the batch :meth:`_generate_and_score_completions` returns; the clipped loss,
+KL and aggregation stay TRL's. ``advantage="sequence"`` keeps TRL's per-completion advantages.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanstd
 
+from hoprl.agent.trajectory import Episode
 from hoprl.schemas import Question
 from services.trainer.hardware import accelerator_args
 from services.trainer.protocol import Hyperparameters, reward_scaling
@@ -53,15 +72,98 @@ def masked_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return ((values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
-class HoprlGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer with ``kl_estimator="k2"`` available (see the module docstring)."""
+def step_advantages(
+    rewards: Sequence[Sequence[float]], group_size: int, scale: str = "group"
+) -> torch.Tensor:
+    """Per-step group-normalised advantages ``[episodes, max steps]`` (module docstring).
 
-    def __init__(self, *args: Any, kl_estimator: str = "k3", **kwargs: Any) -> None:
+    ``rewards[i]`` are episode ``i``'s step rewards; consecutive runs of ``group_size`` episodes
+    are groups. Entries past an episode's last step are 0.
+
+    >>> step_advantages([[1.0, 2.0], [3.0]], group_size=2, scale="none").tolist()
+    [[-1.0, 0.0], [1.0, 0.0]]
+    """
+    if len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} episodes is not a whole number of groups of {group_size}")
+    width = max((len(r) for r in rewards), default=0)
+    table = torch.full((len(rewards), max(width, 1)), float("nan"))
+    for i, r in enumerate(rewards):
+        table[i, : len(r)] = torch.tensor(list(r), dtype=torch.float32)
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    grouped = table.view(-1, group_size, table.shape[1])  # [groups, group_size, steps]
+    centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
+    if scale == "group":
+        centred = centred / (nanstd(grouped, dim=1, keepdim=True) + 1e-4)
+    advantages = centred.reshape(table.shape)
+    if scale == "batch":
+        advantages = advantages / (nanstd(table, dim=0, keepdim=True) + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def token_advantages(
+    advantages: torch.Tensor, episodes: Sequence[Episode], mask: torch.Tensor
+) -> torch.Tensor:
+    """Spread step advantages ``[B, steps]`` over tokens ``[B, T]``: step ``t``'s policy tokens (the
+    ``k``-th run of 1s in ``mask`` for the ``k``-th step with text) get ``advantages[i, t-1]``;
+    every mask-0 token gets 0. A row with no policy token (TRL masked it) stays 0."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    for i, episode in enumerate(episodes):
+        row = mask[i].bool().tolist()
+        starts = [j for j, on in enumerate(row) if on and (j == 0 or not row[j - 1])]
+        owners = [t for t, step in enumerate(episode.steps) if step.text]
+        if not starts:
+            continue
+        if len(starts) != len(owners):
+            raise ValueError(
+                f"episode {episode.question_id!r} #{episode.sample}: {len(owners)} steps with text but "
+                f"{len(starts)} runs of policy tokens; tokens must come from to_token_trajectory"
+            )
+        ends = [*starts[1:], len(row)]
+        for t, start, end in zip(owners, starts, ends, strict=True):
+            run = mask[i, start:end].float()
+            out[i, start:end] = run * float(advantages[i, t])
+    return out
+
+
+class HoprlGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with ``kl_estimator="k2"`` and ``advantage="per_step"`` (module docstring).
+
+    Args:
+        step_rewards: ``episode -> [R_1, ..., R_T]`` of a scored episode (``EvoRag.step_rewards``);
+            required by ``advantage="per_step"``, which reads the episodes of the rollout
+            (``rollout_func.last_episodes``, in batch order).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        kl_estimator: str = "k3",
+        advantage: str = "sequence",
+        step_rewards: Callable[[Episode], list[float]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if kl_estimator not in ("k3", "k2"):
             raise ValueError(f"kl_estimator must be 'k3' or 'k2', got {kl_estimator!r}")
-        self.kl_estimator = kl_estimator
+        if advantage not in ("sequence", "per_step"):
+            raise ValueError(f"advantage must be 'sequence' or 'per_step', got {advantage!r}")
+        if advantage == "per_step" and step_rewards is None:
+            raise ValueError("advantage='per_step' needs a recipe with step rewards (evo-rag)")
+        self.kl_estimator, self.advantage, self.step_rewards = kl_estimator, advantage, step_rewards
         self._policy_logps: torch.Tensor | None = None
+        self.preference: Any = None  # EVO-RAG's PreferenceLearner, set by the job (services.trainer.jobs)
         super().__init__(*args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        output: dict[str, Any] = super()._generate_and_score_completions(inputs)
+        if self.advantage == "per_step" and self.step_rewards is not None:
+            rollout: Any = self.rollout_func  # an AgentRollout: the batch's episodes, in order
+            episodes = rollout.last_episodes
+            rewards = [self.step_rewards(e) for e in episodes]
+            per_step = step_advantages(rewards, int(self.num_generations or 1), self.scale_rewards)
+            mask = output["completion_mask"] * output.get("tool_mask", 1)
+            output["advantages"] = token_advantages(per_step, episodes, mask).to(output["advantages"].dtype)
+        return output
 
     def _get_per_token_logps_and_entropies(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
@@ -144,8 +246,12 @@ def build_grpo(
     config: GRPOConfig,
     kl_estimator: str = "k3",
     callbacks: list[Any] | None = None,
+    advantage: str = "sequence",
 ) -> HoprlGRPOTrainer:
-    """The trainer for one job; ``trainer.train(resume_from_checkpoint=...)`` runs it."""
+    """The trainer for one job; ``trainer.train(resume_from_checkpoint=...)`` runs it.
+
+    ``advantage="per_step"`` takes the step rewards from the rollout's recipe (``step_rewards``).
+    """
     return HoprlGRPOTrainer(
         model=model,
         reward_funcs=rollout.reward_funcs,
@@ -155,4 +261,6 @@ def build_grpo(
         rollout_func=rollout,
         callbacks=callbacks,
         kl_estimator=kl_estimator,
+        advantage=advantage,
+        step_rewards=getattr(rollout.recipe, "step_rewards", None),
     )

@@ -56,7 +56,7 @@ NO_RETRIEVAL = {"arena"}
 
 def submit(registry: Registry, request: JobRequest) -> RunRow:
     """Queue ``request`` as a new run: the request and its resolved hyperparameters are the config."""
-    hp = request.hyperparameters.resolved(request.recipe)
+    hp = request.hyperparameters.resolved(request.recipe, request.objective)
     config = {"request": request.model_dump(mode="json"), "hyperparameters": hp.model_dump(mode="json")}
     return registry.create_run(f"job-{uuid.uuid4().hex[:12]}", recipe=request.recipe,
                                objective=request.objective, model=request.model or "default",
@@ -143,6 +143,8 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
                             registry, run_id, str(output_dir))  # fmt: skip
     if resume is not None and (resume / STATE_FILE).is_file():
         trainer_curricula(trainer).restore(json.loads((resume / STATE_FILE).read_text())["curriculum"])
+    if resume is not None and getattr(trainer, "preference", None) is not None:
+        trainer.preference.restore(resume)
     # TRL's flow saves every save_steps and at the last step, so a finished job ends on a checkpoint.
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
 
@@ -179,17 +181,27 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
 
         return R2agRounds(request, hp, recipe, model, tokenizer, train, opts, registry, run_id, output_dir)
     from services.trainer.grpo import build_grpo, grpo_config
+    from services.trainer.preference import PreferenceCallback, preference_learner
     from services.trainer.rollout import AgentRollout
+
+    preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1 reward model
 
     def sink(step: int, episodes: Any, per: list[dict[str, float]], totals: list[float]) -> None:
         rewards = [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
         registry.write_episodes(run_id, step, episodes, rewards)
+        if preference is not None:
+            registry.log_metrics(run_id, step, preference.step(episodes))
 
     rollout = AgentRollout(recipe, train, opts, sink=sink)
     curricula = Curricula(recipe, dev_return=lambda: rollout.evaluate(dev))
     args = grpo_config(hp, request.objective, request.steps, output_dir, request.seed, reward_weights(recipe))
-    callback = RunCallback(registry, run_id, curricula, rollout)
-    return build_grpo(model, tokenizer, rollout, train, args, hp.kl_estimator or "k3", [callback])
+    # the preference model saves into a checkpoint before RunCallback marks it complete
+    callbacks: list[Any] = [PreferenceCallback(preference)] if preference is not None else []
+    callbacks.append(RunCallback(registry, run_id, curricula, rollout))
+    trainer = build_grpo(model, tokenizer, rollout, train, args, hp.kl_estimator or "k3", callbacks,
+                         advantage=hp.advantage or "sequence")  # fmt: skip
+    trainer.preference = preference
+    return trainer
 
 
 def rollout_options(request: JobRequest, hp: Hyperparameters, collection: str,

@@ -15,9 +15,13 @@
 3. **record**: the episodes and their rewards go to the registry under this run at this step
    (idempotent on run, step, question, sample, so a resumed step writes nothing twice).
 4. **update**: PPO: one :func:`~services.trainer.ppo.ppo_step` (GAE over EVO-RAG's step
-   rewards, value head, clipped objective); DPO: :func:`~services.trainer.dpo.build_pairs` on the
+   rewards, a critic: by default a separate value model at its own learning rate, clipped
+   objective); DPO: :func:`~services.trainer.dpo.build_pairs` on the
    step's episodes, then one TRL DPO step on all its pairs (no pair with a margin above
    ``pair_delta``: the step is logged with ``pairs = 0`` and no update).
+5. **preference model** (EVO-RAG, ``preference_model`` on): one
+   :meth:`~services.trainer.preference.PreferenceLearner.step` on the step's sibling pairs; its
+   ``preference/*`` metrics (held-back ``preference/eval_accuracy``) join the step's metrics.
 
 The policy, the optimizer (and PPO's value head, DPO's frozen reference = the starting weights)
 live for the whole job, which is why the loop calls ``ppo_step`` / a per-step TRL ``DPOTrainer``
@@ -37,6 +41,7 @@ import copy
 import logging
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,11 +56,13 @@ from services.trainer.dpo import DPOJobConfig, build_pairs, dpo_trainer
 from services.trainer.ppo import (
     PPOConfig,
     PPOSample,
-    ValueHead,
-    load_value_head,
+    load_critic,
+    make_critic,
+    ppo_optimizer,
     ppo_step,
-    save_value_head,
+    save_critic,
 )
+from services.trainer.preference import preference_learner
 from services.trainer.protocol import Hyperparameters, JobRequest
 from services.trainer.rollout import (
     AgentRollout,
@@ -111,13 +118,14 @@ class OffPolicyTrainer:
             disable_dropout_in_model(model)
             self.ppo = PPOConfig(
                 learning_rate=lr,
+                critic=hp.critic or "separate",
+                critic_learning_rate=hp.critic_learning_rate or 1e-5,
                 kl_coef=hp.beta or 0.0,
                 temperature=hp.temperature,
                 batch_size=hp.questions_per_step * hp.num_generations,
                 seed=request.seed,
             )
-            self.value_head = ValueHead(int(model.config.hidden_size))
-            params = [*model.parameters(), *self.value_head.parameters()]
+            self.value_head = make_critic(model, self.ppo.critic)  # a ValueModel or a ValueHead
         else:
             self.dpo = DPOJobConfig(
                 delta=hp.pair_delta,
@@ -127,8 +135,12 @@ class OffPolicyTrainer:
                 seed=request.seed,
                 max_length=hp.token_budget + 1024,
             )
-            params = list(model.parameters())
-        self.optimizer = torch.optim.AdamW(params, lr=lr)
+        self.optimizer = (
+            ppo_optimizer(model, self.value_head, self.ppo)
+            if objective == "ppo"
+            else torch.optim.AdamW(model.parameters(), lr=lr)
+        )
+        self.preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -141,14 +153,19 @@ class OffPolicyTrainer:
             start = int(state["step"])
             self.curricula.restore(state.get("curriculum"))
             if self.objective == "ppo" and start:
-                hidden = int(self.model.config.hidden_size)
-                self.value_head.load_state_dict(load_value_head(resume_from_checkpoint, hidden).state_dict())
+                critic = load_critic(resume_from_checkpoint, self.model, self.ppo.critic)
+                assert critic is not None, f"{resume_from_checkpoint} holds no {self.ppo.critic} critic"
+                self.value_head.load_state_dict(critic.state_dict())
+            if self.preference is not None:
+                self.preference.restore(resume_from_checkpoint)
         if self.curricula.stage is not None and self.registry.current_stage(self.run_id) is None:
             self.registry.start_stage(self.run_id, self.curricula.stage, start)
         for step in range(start + 1, self.request.steps + 1):
             began = time.perf_counter()
             episodes, timings = self.episodes(step)
             metrics = self.update(episodes) | timings
+            if self.preference is not None:
+                metrics |= self.preference.step(episodes)
             metrics |= {"step_time": time.perf_counter() - began, "step": float(step)}
             self.registry.log_metrics(self.run_id, step, metrics)
             shown = {
@@ -220,7 +237,13 @@ class OffPolicyTrainer:
             log.info("stage switch at step %d: %s", step, switch)
             self.registry.record_stage_switch(self.run_id, step, **switch)
         state = {"loop": self.objective, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
-        extra = (lambda folder: save_value_head(self.value_head, folder)) if self.objective == "ppo" else None
+
+        def extra(folder: Path) -> None:
+            if self.objective == "ppo":
+                save_critic(self.value_head, folder)
+            if self.preference is not None:
+                self.preference.save(folder)
+
         save_loop_checkpoint(
             self.output_dir,
             step,

@@ -31,26 +31,37 @@ Loss on a minibatch (masked means over policy tokens; ``ratio = exp(log pi - log
 ``pi_old``, ``V_old`` and the advantages are computed once per :func:`ppo_step` (no gradient) by
 the policy being trained, then ``ppo_epochs`` passes over minibatches follow.
 
+The critic. EVO-RAG's PPO (the paper's defaults, :class:`PPOConfig`): a **separate** value model
+(:class:`ValueModel`: its own copy of the policy's transformer body, initialised from the
+policy's weights, with a linear value head) trained at its own learning rate, 1e-5, beside the
+policy's 1e-6, and a per-token KL penalty of 0.001. The optimizer holds two parameter groups
+(:func:`ppo_optimizer`), each clipped to ``max_grad_norm`` on its own. ``critic="shared"`` (an
+option, the project's earlier design) puts a :class:`ValueHead` on the policy's own last hidden
+state instead: one network, and the value loss's gradient reaches the policy body too.
+
 Example::
 
     samples = [PPOSample.from_episode(ep, tokenizer) for ep in scored_episodes]
-    metrics = ppo_step(policy, value_head, ref, optimizer, samples, PPOConfig())
+    config = PPOConfig()
+    critic = make_critic(policy, config.critic)
+    metrics = ppo_step(policy, critic, ref, ppo_optimizer(policy, critic, config), samples, config)
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, pad, selective_log_softmax
 
 from hoprl.agent.tokens import to_token_trajectory
@@ -60,11 +71,14 @@ from hoprl.recipes.evo_rag import EvoRagConfig, episode_step_rewards
 log = logging.getLogger("hoprl.trainer.ppo")
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+CRITIC_DIR = "critic"  # a separate critic's body, beside its head in VALUE_HEAD_FILE
 Tensors = dict[str, torch.Tensor]
+CriticKind = Literal["separate", "shared"]
 
 
 class PPOConfig(BaseModel):
-    """PPO's constants (defaults follow common RLHF practice; the clip ranges are PPO's 0.2)."""
+    """PPO's constants: EVO-RAG's paper values for the critic, the learning rates and the KL;
+    common RLHF practice for the rest (the clip ranges are PPO's 0.2)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,14 +86,20 @@ class PPOConfig(BaseModel):
     batch_size: int = Field(default=8, ge=1, description="trajectories per ppo_step")
     mini_batch_size: int = Field(default=4, ge=1)
     ppo_epochs: int = Field(default=2, ge=1, description="passes over the batch per ppo_step")
-    learning_rate: float = 1e-5
+    learning_rate: float = Field(default=1e-6, description="the policy's (EVO-RAG: 1e-6)")
+    critic: CriticKind = Field(
+        default="separate", description="a separate value model, or a head on the policy"
+    )
+    critic_learning_rate: float = Field(default=1e-5, description="the critic's (EVO-RAG: 1e-5)")
     gamma: float = 1.0
     lam: float = 0.95
     cliprange: float = Field(default=0.2, description="eps of the clipped surrogate")
     cliprange_value: float = Field(default=0.2, description="clip of V around V_old")
     vf_coef: float = 0.1
     ent_coef: float = Field(default=0.0, description="entropy bonus; 0 turns it off")
-    kl_coef: float = Field(default=0.05, description="per-token KL penalty; 0 needs no reference")
+    kl_coef: float = Field(
+        default=0.001, description="per-token KL penalty (EVO-RAG: 0.001); 0: no reference"
+    )
     whiten_advantages: bool = True
     max_grad_norm: float = 1.0
     temperature: float = Field(default=1.0, gt=0.0, description="the sampling temperature")
@@ -131,6 +151,53 @@ class ValueHead(nn.Module):
         return self.linear(hidden.float()).squeeze(-1)
 
 
+class ValueModel(nn.Module):
+    """A separate critic: its own transformer body (a copy of the policy's) and a :class:`ValueHead`."""
+
+    def __init__(self, body: Any, head: ValueHead | None = None) -> None:
+        super().__init__()
+        self.body: Any = body  # a transformers base model (e.g. LlamaModel)
+        self.head = head or ValueHead(int(body.config.hidden_size))
+
+    @classmethod
+    def from_policy(cls, policy: Any) -> ValueModel:
+        """Initialised from the policy's current weights (its body, without the LM head)."""
+        body = copy.deepcopy(policy.base_model)
+        disable_dropout_in_model(body)
+        return cls(body)
+
+    def forward(self, batch: Tensors) -> torch.Tensor:
+        """Values ``[B, L-1]`` in the shifted frame of :func:`collate`."""
+        hidden = self.body(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).last_hidden_state
+        values: torch.Tensor = self.head(hidden[:, :-1])
+        return values
+
+
+Critic = ValueHead | ValueModel
+
+
+def make_critic(policy: Any, kind: CriticKind = "separate") -> Critic:
+    """A :class:`ValueModel` copied from ``policy`` (separate) or a :class:`ValueHead` for it (shared)."""
+    if kind == "separate":
+        return ValueModel.from_policy(policy)
+    if kind == "shared":
+        return ValueHead(int(policy.config.hidden_size))
+    raise ValueError(f"critic must be 'separate' or 'shared', got {kind!r}")
+
+
+def ppo_optimizer(policy: nn.Module, critic: Critic, config: PPOConfig) -> torch.optim.AdamW:
+    """AdamW with two parameter groups: the policy at ``learning_rate``, the critic at
+    ``critic_learning_rate`` (a shared critic's group is its head alone)."""
+    return torch.optim.AdamW(
+        [
+            {"params": list(policy.parameters()), "lr": config.learning_rate, "name": "policy"},
+            {"params": list(critic.parameters()), "lr": config.critic_learning_rate, "name": "critic"},
+        ]
+    )
+
+
 def collate(samples: Sequence[PPOSample], pad_id: int) -> Tensors:
     """Right-padded tensors in the *shifted* frame: position ``i`` predicts token ``i + 1``.
 
@@ -156,13 +223,15 @@ def collate(samples: Sequence[PPOSample], pad_id: int) -> Tensors:
 
 
 def forward(
-    policy: nn.Module, value_head: nn.Module, batch: Tensors, temperature: float
+    policy: nn.Module, critic: nn.Module, batch: Tensors, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits ``[B, L-1, V]`` (divided by the temperature) and values ``[B, L-1]``."""
+    shared = not isinstance(critic, ValueModel)
     out = policy(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=shared
     )
-    return out.logits[:, :-1].float() / temperature, value_head(out.hidden_states[-1][:, :-1])
+    values = critic(out.hidden_states[-1][:, :-1]) if shared else critic(batch)
+    return out.logits[:, :-1].float() / temperature, values
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -200,11 +269,11 @@ def gae(
 
 @torch.no_grad()
 def prepare(
-    policy: nn.Module, value_head: nn.Module, ref: nn.Module | None, batch: Tensors, config: PPOConfig
+    policy: nn.Module, critic: nn.Module, ref: nn.Module | None, batch: Tensors, config: PPOConfig
 ) -> Tensors:
     """Add ``old_logps``, ``old_values``, ``advantages``, ``returns`` and ``kl`` to ``batch``."""
     mask = batch["mask"]
-    logits, values = forward(policy, value_head, batch, config.temperature)
+    logits, values = forward(policy, critic, batch, config.temperature)
     old_logps = selective_log_softmax(logits, batch["targets"])
     kl = torch.zeros_like(old_logps)
     if ref is not None and config.kl_coef > 0:
@@ -253,7 +322,7 @@ def ppo_loss(
 
 def ppo_step(
     policy: nn.Module,
-    value_head: nn.Module,
+    critic: nn.Module,
     ref: nn.Module | None,
     optimizer: torch.optim.Optimizer,
     batch: Sequence[PPOSample],
@@ -262,24 +331,26 @@ def ppo_step(
 ) -> dict[str, float]:
     """One PPO update on ``batch``: advantages once, then ``ppo_epochs`` passes of minibatches.
 
-    ``optimizer`` must hold the policy's and the value head's parameters; disable the policy's
-    dropout (``trl.trainer.utils.disable_dropout_in_model``) so the first ratios are exactly 1.
-    Returns the mean of the minibatch statistics plus ``score`` (mean trajectory return) and
-    ``kl`` (mean per policy token, the k1 estimate ``log pi_old - log pi_ref``).
+    ``critic`` is a :class:`ValueModel` or a :class:`ValueHead` (:func:`make_critic`);
+    ``optimizer`` must hold the policy's and the critic's parameters (:func:`ppo_optimizer`;
+    each parameter group's gradient is clipped to ``max_grad_norm`` on its own). Disable the
+    policy's dropout (``trl.trainer.utils.disable_dropout_in_model``) so the first ratios are
+    exactly 1. Returns the mean of the minibatch statistics plus ``score`` (mean trajectory
+    return) and ``kl`` (mean per policy token, the k1 estimate ``log pi_old - log pi_ref``).
     """
     device = next(policy.parameters()).device
     tensors = {k: v.to(device) for k, v in collate(batch, pad_id).items()}
-    data = prepare(policy, value_head, ref, tensors, config)
+    data = prepare(policy, critic, ref, tensors, config)
     history: list[dict[str, float]] = []
     for _ in range(config.ppo_epochs):
         for idx in torch.randperm(len(batch), device=device).split(config.mini_batch_size):
             mb = {k: v[idx] for k, v in data.items()}
-            logits, values = forward(policy, value_head, mb, config.temperature)
+            logits, values = forward(policy, critic, mb, config.temperature)
             loss, stats = ppo_loss(logits, values, mb, config)
             optimizer.zero_grad()
             loss.backward()
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            for group in optimizer.param_groups:
+                torch.nn.utils.clip_grad_norm_(group["params"], config.max_grad_norm)
             optimizer.step()
             history.append(stats)
     metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
@@ -299,6 +370,27 @@ def load_value_head(path: str | Path, hidden_size: int) -> ValueHead:
     return head
 
 
+def save_critic(critic: Critic, out_dir: str | Path) -> None:
+    """The head into :data:`VALUE_HEAD_FILE`; a separate critic's body into :data:`CRITIC_DIR`."""
+    if isinstance(critic, ValueModel):
+        critic.body.save_pretrained(Path(out_dir) / CRITIC_DIR)
+        critic = critic.head
+    save_value_head(critic, out_dir)
+
+
+def load_critic(path: str | Path, policy: Any, kind: CriticKind) -> Critic | None:
+    """The critic saved in checkpoint ``path`` (None if it holds none of this kind)."""
+    folder = Path(path)
+    if not (folder / VALUE_HEAD_FILE).is_file() or (kind == "separate") != (folder / CRITIC_DIR).is_dir():
+        return None
+    head = load_value_head(folder, int(policy.config.hidden_size))
+    if kind == "shared":
+        return head
+    body = AutoModel.from_pretrained(folder / CRITIC_DIR, dtype=torch.float32)
+    disable_dropout_in_model(body)
+    return ValueModel(body, head)
+
+
 def train_ppo(
     model_path: str | Path,
     trajectories: Sequence[Episode | PPOSample],
@@ -307,12 +399,12 @@ def train_ppo(
     recipe_config: EvoRagConfig | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``model_path`` with PPO on stored trajectories; save model, tokenizer, value head.
+    """Train ``model_path`` with PPO on stored trajectories; save model, tokenizer and critic.
 
     ``trajectories`` are scored EVO-RAG episodes (tokenized here with the model's tokenizer) or
-    ready :class:`PPOSample` s. Batches cycle through them in a seeded shuffled order. A value
-    head found in ``model_path`` is resumed. ``on_step`` gets each step's metrics (with ``step``).
-    Returns the metrics of every step.
+    ready :class:`PPOSample` s. Batches cycle through them in a seeded shuffled order. A critic
+    of ``config.critic``'s kind found in ``model_path`` is resumed. ``on_step`` gets each step's
+    metrics (with ``step``). Returns the metrics of every step.
     """
     random.seed(config.seed)
     torch.manual_seed(config.seed)
@@ -320,16 +412,13 @@ def train_ppo(
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     policy = AutoModelForCausalLM.from_pretrained(str(model_path), device_map=device)
     disable_dropout_in_model(policy)
-    hidden = int(policy.config.hidden_size)
-    has_head = (Path(model_path) / VALUE_HEAD_FILE).is_file()
-    value_head = load_value_head(model_path, hidden) if has_head else ValueHead(hidden)
+    critic = load_critic(model_path, policy, config.critic) or make_critic(policy, config.critic)
     ref = None
     if config.kl_coef > 0:
         ref = AutoModelForCausalLM.from_pretrained(str(model_path), device_map=device)
         ref.eval().requires_grad_(False)
-    value_head.to(device)
-    params = [*policy.parameters(), *value_head.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
+    critic.to(device)
+    optimizer = ppo_optimizer(policy, critic, config)
     samples = [
         t if isinstance(t, PPOSample) else PPOSample.from_episode(t, tokenizer, recipe_config)
         for t in trajectories
@@ -343,7 +432,7 @@ def train_ppo(
         while len(order) < config.batch_size:
             order += random.sample(range(len(samples)), len(samples))
         batch, order = [samples[i] for i in order[: config.batch_size]], order[config.batch_size :]
-        metrics = ppo_step(policy, value_head, ref, optimizer, batch, config, pad_id) | {"step": step}
+        metrics = ppo_step(policy, critic, ref, optimizer, batch, config, pad_id) | {"step": step}
         log.info("ppo step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
         history.append(metrics)
         if on_step is not None:
@@ -351,5 +440,5 @@ def train_ppo(
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
-    save_value_head(value_head, out_dir)
+    save_critic(critic, out_dir)
     return history

@@ -6,13 +6,31 @@ the step itself is always seen. Seven linear heads ``h_k`` map the pooled vector
 signal in :data:`hoprl.recipes.evo_rag.SIGNALS` order (r_ret, r_dup, r_bt, r_ref, r_step, r_ans,
 r_act).
 
-Head-wise pairwise logistic loss. For a pair ``(a, b)`` and signal ``k``, the pair has a
-preference on ``k`` when ``|r_k(a) - r_k(b)| > tie_eps``; with ``s = sign(r_k(a) - r_k(b))``::
+**Pairs (the paper).** Sibling prefixes: two steps that follow the same question and the same
+earlier steps (:func:`services.trainer.dpo.sibling_groups`). Each candidate step is valued by
+its weighted return-to-go ``G_t = sum_{s>=t} sum_k w_k(s) r_k(s)`` (mean over the episodes that
+took it; :func:`services.trainer.dpo.candidate_values`), the preferred one is the higher ``G_t``.
+:func:`preference_pairs` pairs the best candidate of a group with the worst, the second best
+with the second worst, ... (every candidate in at most one pair: as many preferred as
+dispreferred steps) and alternates which of the two is shown first, so the labels are 1:1.
 
-    loss_k(a, b) = -log sigmoid(s * (h_k(a) - h_k(b)))         (= softplus(-s * (h_k(a) - h_k(b))))
-    loss = sum over (pair, head) cells with a preference of loss_k / number of such cells
+**Head-wise logistic loss.** With ``y = +1`` when the first step of the pair is preferred (by
+``G_t``), else ``-1``, every head is fitted to that order::
 
-so a head only learns from pairs its signal can order, and every preference counts equally.
+    loss = mean over pairs and heads k of  -log sigmoid(y * (h_k(a) - h_k(b)))        (loss="return")
+
+``loss="per_signal"`` (the project's earlier reading, an option) orders head ``k`` by its own
+signal instead: the pair counts for head ``k`` only when ``|r_k(a) - r_k(b)| > tie_eps``, with
+``y_k = sign(r_k(a) - r_k(b))`` (:func:`headwise_loss`).
+
+**In the training loop (Algorithm 1).** Each iteration of the paper's loop rolls out episodes
+with the policy, scores their step signals and ``R_t``, updates the reward model on the sibling
+pairs of those rollouts, and then updates the policy (GRPO, PPO or DPO). :class:`PreferenceLearner`
+is that reward-model update: the trainer's EVO-RAG jobs call :meth:`PreferenceLearner.step` once
+per step on the step's scored episodes (hyperparameter ``preference_model``, on for evo-rag) and
+log ``preference/eval_accuracy``: the share of *held-back* pairs (pairs of questions hashed into
+``eval_share``, never trained on) that the model orders as ``G_t`` does, scoring a step by
+``sum_k w_k(t) h_k`` (the paper's Table 5 "Eval Accuracy").
 
 As a reward: ``R = sum_k w_k(t) h_k`` with EVO-RAG's scheduled weights for the current stage
 (:func:`hoprl.recipes.evo_rag.step_weights`), summed over an episode's steps like ``R = sum_t R_t``.
@@ -20,34 +38,35 @@ As a reward: ``R = sum_k w_k(t) h_k`` with EVO-RAG's scheduled weights for the c
 Example::
 
     model = PreferenceModel()
-    train_preference(model, pairs_from_episodes(scored_episodes), PreferenceConfig())
+    train_preference(model, preference_pairs(scored_episodes), PreferenceConfig())
     model.score(["<search>Acme founder</search>"])  # [1, 7]
     reward = make_reward_func(model, curriculum)      # TRL's (prompts, completions, **kwargs)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer, TrainerCallback
 
 from hoprl.agent.tokens import episode_messages
 from hoprl.agent.trajectory import Episode
 from hoprl.embedding import default_model_path
 from hoprl.recipes.base import RewardFunc, versioned
 from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRagConfig, Stage, step_weights
-from services.trainer.dpo import sibling_groups
+from services.trainer.dpo import candidate_values, sibling_groups
 
 log = logging.getLogger("hoprl.trainer.preference")
 
@@ -65,17 +84,27 @@ class PreferenceConfig(BaseModel):
     learning_rate: float = Field(default=2e-5, description="for the encoder")
     head_learning_rate: float = Field(default=1e-3, description="for the seven heads")
     train_encoder: bool = Field(default=True, description="False: a frozen encoder, heads only")
-    tie_eps: float = Field(default=1e-6, ge=0.0, description="signal gaps up to this are ties")
+    loss: Literal["return", "per_signal"] = Field(
+        default="return", description="heads fit the pair's G_t order (the paper) or each its own signal"
+    )
+    tie_eps: float = Field(default=1e-6, ge=0.0, description="signal or G_t gaps up to this are ties")
+    delta: float = Field(default=0.0, ge=0.0, description="keep pairs whose G_t margin exceeds this")
+    eval_share: float = Field(default=0.2, gt=0.0, lt=1.0, description="share of questions held back")
+    max_eval_pairs: int = Field(default=512, ge=1, description="held-back pairs kept (the most recent)")
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class Item:
-    """One step to score: its text, what came before it, and its seven signals (SIGNALS order)."""
+    """One step to score: its text, what came before it, its seven signals (SIGNALS order), its
+    step index ``t``, its weighted return-to-go ``value`` (G_t) and its question."""
 
     text: str
     signals: tuple[float, ...]
     context: str = ""
+    t: int = 1
+    value: float = 0.0
+    question_id: str = ""
 
 
 class PreferenceModel(nn.Module):
@@ -158,6 +187,32 @@ def headwise_loss(
     return (per_cell * cells).sum() / cells.sum().clamp(min=1)
 
 
+def return_headwise_loss(scores_a: torch.Tensor, scores_b: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Mean of ``-log sigmoid(y (h_k(a) - h_k(b)))`` over pairs and all seven heads.
+
+    ``scores_*`` are ``[N, 7]``, ``label`` is ``[N]`` with ``+1`` (a preferred) or ``-1``.
+    """
+    return F.softplus(-label.unsqueeze(1) * (scores_a - scores_b)).mean()
+
+
+def _labels(pairs: Sequence[tuple[Item, Item]], tie_eps: float) -> torch.Tensor:
+    gap = torch.tensor([a.value - b.value for a, b in pairs])
+    return torch.sign(gap) * (gap.abs() > tie_eps)
+
+
+def pair_loss(
+    scores_a: torch.Tensor,
+    scores_b: torch.Tensor,
+    pairs: Sequence[tuple[Item, Item]],
+    config: PreferenceConfig,
+) -> torch.Tensor:
+    """The configured head-wise loss of a batch of pairs (module docstring)."""
+    if config.loss == "per_signal":
+        sig_a, sig_b = _signals([a for a, _ in pairs]), _signals([b for _, b in pairs])
+        return headwise_loss(scores_a, scores_b, sig_a, sig_b, config.tie_eps)
+    return return_headwise_loss(scores_a, scores_b, _labels(pairs, config.tie_eps))
+
+
 def _signals(items: Sequence[Item]) -> torch.Tensor:
     return torch.tensor([item.signals for item in items], dtype=torch.float32)
 
@@ -170,19 +225,31 @@ def _score_pairs(
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
-def train_preference(
-    model: PreferenceModel, pairs: Sequence[tuple[Item, Item]], config: PreferenceConfig
-) -> list[float]:
-    """Minimise :func:`headwise_loss` over ``pairs`` for ``config.epochs``; returns the batch losses."""
-    if not pairs:
-        raise ValueError("no pairs to train on; store several samples per question")
-    rng = random.Random(config.seed)
-    torch.manual_seed(config.seed)
+def make_optimizer(model: PreferenceModel, config: PreferenceConfig) -> torch.optim.Optimizer:
+    """AdamW with the heads at ``head_learning_rate`` and (if trained) the encoder at ``learning_rate``."""
     model.encoder.requires_grad_(config.train_encoder)
     groups: list[dict[str, Any]] = [{"params": model.heads.parameters(), "lr": config.head_learning_rate}]
     if config.train_encoder:
         groups.append({"params": model.encoder.parameters(), "lr": config.learning_rate})
-    optimizer = torch.optim.AdamW(groups)
+    return torch.optim.AdamW(groups)
+
+
+def train_preference(
+    model: PreferenceModel,
+    pairs: Sequence[tuple[Item, Item]],
+    config: PreferenceConfig,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> list[float]:
+    """Minimise :func:`pair_loss` over ``pairs`` for ``config.epochs``; returns the batch losses.
+
+    ``optimizer``: keep one across calls (:class:`PreferenceLearner`); default a fresh
+    :func:`make_optimizer`.
+    """
+    if not pairs:
+        raise ValueError("no pairs to train on; store several samples per question")
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    optimizer = optimizer or make_optimizer(model, config)
     model.train()
     losses: list[float] = []
     for epoch in range(config.epochs):
@@ -191,8 +258,7 @@ def train_preference(
         for start in range(0, len(order), config.batch_size):
             batch = [pairs[i] for i in order[start : start + config.batch_size]]
             scores_a, scores_b = _score_pairs(model, batch)
-            sig_a, sig_b = _signals([a for a, _ in batch]), _signals([b for _, b in batch])
-            loss = headwise_loss(scores_a, scores_b, sig_a, sig_b, config.tie_eps)
+            loss = pair_loss(scores_a, scores_b, batch, config)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -224,20 +290,117 @@ def _context(messages: Sequence[dict[str, str]]) -> str:
     return "\n".join(m["content"] for m in messages if m["role"] != "system")
 
 
-def pairs_from_episodes(episodes: Sequence[Episode]) -> list[tuple[Item, Item]]:
-    """Every pair of sibling steps (same question and prefix, different step text) of scored episodes.
+def preference_pairs(
+    episodes: Sequence[Episode], config: EvoRagConfig | None = None, delta: float = 0.0
+) -> list[tuple[Item, Item]]:
+    """Balanced sibling pairs of scored episodes, ordered by the weighted return (module docstring).
 
-    Each step is scored on its own seven signals, so a head compares what the step itself earned.
+    Per sibling group, candidates ranked by ``G_t`` are paired best with worst, second best with
+    second worst, ..., keeping pairs whose margin exceeds ``delta``; the preferred step comes
+    first in even-numbered pairs and second in odd ones, so the labels are 1:1.
     """
-    pairs = []
+    pairs: list[tuple[Item, Item]] = []
     for group in sibling_groups(episodes):
-        context = _context(group.prompt)
-        items = []
-        for text, eps in group.candidates.items():
-            signals = eps[0].steps[group.t - 1].signals
-            items.append(Item(text, tuple(signals[k] for k in SIGNALS), context))
-        pairs += [(a, b) for i, a in enumerate(items) for b in items[i + 1 :]]
+        context, values = _context(group.prompt), candidate_values(group, config)
+        ranked = sorted(values, key=lambda text: -values[text])
+        for best, worst in zip(ranked[: len(ranked) // 2], ranked[::-1], strict=False):
+            if values[best] - values[worst] <= delta:
+                continue
+            a, b = (
+                Item(text, tuple(group.candidates[text][0].steps[group.t - 1].signals[k] for k in SIGNALS),
+                     context, group.t, values[text], group.question_id)
+                for text in (best, worst)
+            )  # fmt: skip
+            pairs.append((a, b) if len(pairs) % 2 == 0 else (b, a))
     return pairs
+
+
+@torch.no_grad()
+def return_accuracy(
+    model: PreferenceModel, pairs: Sequence[tuple[Item, Item]], stage: Stage, config: EvoRagConfig
+) -> float | None:
+    """Share of pairs that ``sum_k w_k(t) h_k`` orders as ``G_t`` does (None without pairs)."""
+    if not pairs:
+        return None
+    model.eval()
+    scores_a, scores_b = _score_pairs(model, pairs)
+    w = torch.tensor([[step_weights(a.t, stage, config)[k] for k in SIGNALS] for a, _ in pairs])
+    predicted = torch.sign(((scores_a - scores_b) * w).sum(-1))
+    return (predicted == _labels(pairs, 0.0)).float().mean().item()
+
+
+class PreferenceLearner:
+    """The reward-model update of the paper's Algorithm 1, once per training step (module doc).
+
+    Args:
+        recipe: the EVO-RAG recipe of the job (its config weights ``G_t``; its curriculum's stage
+            weights the heads in the accuracy).
+        config: training settings; ``eval_share`` of the questions (by a seeded hash of the
+            question id) are held back: their pairs are only ever evaluated.
+        model: a :class:`PreferenceModel` (default: a fresh one on the bundled encoder).
+    """
+
+    SUBDIR = "preference"
+
+    def __init__(self, recipe: Any, config: PreferenceConfig, model: PreferenceModel | None = None) -> None:
+        self.recipe, self.config = recipe, config
+        self.model = model or PreferenceModel()
+        self.optimizer = make_optimizer(self.model, config)
+        self.held_back: list[tuple[Item, Item]] = []
+
+    def is_held_back(self, question_id: str) -> bool:
+        digest = hashlib.sha256(f"{self.config.seed}:{question_id}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") / 2**32 < self.config.eval_share
+
+    def step(self, episodes: Sequence[Episode]) -> dict[str, float]:
+        """Train on this step's pairs of training questions; evaluate on every held-back pair."""
+        pairs = preference_pairs(episodes, self.recipe.config, self.config.delta)
+        train = [p for p in pairs if not self.is_held_back(p[0].question_id)]
+        held = [p for p in pairs if self.is_held_back(p[0].question_id)]
+        self.held_back = (self.held_back + held)[-self.config.max_eval_pairs :]
+        metrics = {
+            "preference/train_pairs": float(len(train)),
+            "preference/eval_pairs": float(len(self.held_back)),
+        }
+        if train:
+            losses = train_preference(self.model, train, self.config, self.optimizer)
+            metrics["preference/loss"] = sum(losses) / len(losses)
+        accuracy = return_accuracy(
+            self.model, self.held_back, self.recipe.curriculum.stage, self.recipe.config
+        )
+        if accuracy is not None:
+            metrics["preference/eval_accuracy"] = accuracy
+        return metrics
+
+    def save(self, checkpoint: str | Path) -> None:
+        """Into ``checkpoint/preference`` (a :meth:`PreferenceModel.save` folder)."""
+        self.model.save(Path(checkpoint) / self.SUBDIR)
+
+    def restore(self, checkpoint: str | Path) -> None:
+        """Load the heads and encoder saved in ``checkpoint``, if it has them (resume)."""
+        folder = Path(checkpoint) / self.SUBDIR
+        if (folder / HEADS_FILE).is_file():
+            self.model = PreferenceModel.load(folder)
+            self.optimizer = make_optimizer(self.model, self.config)  # (Adam's moments start afresh)
+
+
+class PreferenceCallback(TrainerCallback):
+    """Saves a GRPO job's preference model into each TRL checkpoint (``checkpoint-N/preference``)."""
+
+    def __init__(self, learner: PreferenceLearner) -> None:
+        self.learner = learner
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.learner.save(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+
+
+def preference_learner(hp: Any, recipe: Any, seed: int = 0) -> PreferenceLearner | None:
+    """The job's learner when ``hp.preference_model`` is on (EVO-RAG only), else None."""
+    if not hp.preference_model or recipe.name != "evo-rag":
+        return None
+    return PreferenceLearner(
+        recipe, PreferenceConfig(epochs=1, eval_share=hp.preference_eval_share, seed=seed)
+    )
 
 
 def _text(x: Any) -> str:

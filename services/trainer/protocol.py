@@ -25,7 +25,37 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "eval-rar": {"beta": 0.001},
     "arena": {"beta": 0.001, "kl_estimator": "k2"},
     "when-to-search": {"beta": 0.0},
+    # EVO-RAG: GRPO normalises step rewards per step index; the 7-head preference model trains in
+    # the loop (Algorithm 1). max_turns / token_budget follow its T_max: see recipe_derived_defaults.
+    "evo-rag": {"advantage": "per_step", "preference_model": True},
 }
+
+#: per-(recipe, objective) defaults, applied before RECIPE_DEFAULTS
+OBJECTIVE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
+    # EVO-RAG's PPO: KL coefficient 0.001, policy lr 1e-6 and a separate critic at lr 1e-5
+    ("evo-rag", "ppo"): {
+        "beta": 0.001,
+        "learning_rate": 1e-6,
+        "critic": "separate",
+        "critic_learning_rate": 1e-5,
+    },
+}
+
+
+def recipe_derived_defaults(
+    recipe: str, recipe_config: dict[str, Any], tokens_per_step: int
+) -> dict[str, Any]:
+    """Defaults a recipe derives from its own config, so the two never disagree.
+
+    EVO-RAG: ``max_turns`` = its ``t_max`` and a ``token_budget`` that fits ``t_max`` search steps
+    (:func:`hoprl.recipes.evo_rag.trainer_defaults`). Imported here, not at the top: the recipes
+    pull in torch, and this module is also the light HTTP client's contract.
+    """
+    if recipe != "evo-rag":
+        return {}
+    from hoprl.recipes.evo_rag import trainer_defaults
+
+    return trainer_defaults(recipe_config, tokens_per_step)
 
 
 class Hyperparameters(BaseModel):
@@ -56,9 +86,16 @@ class Hyperparameters(BaseModel):
     )
     dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
-    max_turns: int = Field(4, ge=1, le=20, description="agent steps per episode")
+    max_turns: int = Field(
+        4, ge=1, le=20, description="agent steps per episode; unset: EVO-RAG its T_max (20), else 4"
+    )
     max_new_tokens_per_step: int = Field(64, ge=1, le=4096)
-    token_budget: int = Field(512, ge=16, le=32768, description="completion tokens per episode")
+    token_budget: int = Field(
+        512,
+        ge=16,
+        le=32768,
+        description="completion tokens per episode; unset: EVO-RAG enough for T_max searches, else 512",
+    )
     temperature: float = Field(1.0, gt=0, le=2)
     search_mode: Literal["dense", "sparse", "hybrid"] = "hybrid"
     save_steps: int = Field(10, ge=1, description="a checkpoint every this many steps (and at the end)")
@@ -71,22 +108,48 @@ class Hyperparameters(BaseModel):
         description="PPO/DPO: train on this run's stored episodes (step by step) instead of fresh rollouts",
     )
     pair_delta: float = Field(0.1, ge=0, description="DPO: keep preference pairs whose margin exceeds this")
+    advantage: Literal["sequence", "per_step"] | None = Field(
+        None,
+        description="GRPO family: one advantage per episode from its total reward (sequence), or EVO-RAG's "
+        "per-step group normalisation of step rewards (per_step); default: per_step for evo-rag, else "
+        "sequence",
+    )
+    critic: Literal["separate", "shared"] | None = Field(
+        None,
+        description="PPO: a separate value model (its own copy of the network) or a value head on the "
+        "policy; default: separate",
+    )
+    critic_learning_rate: float | None = Field(None, gt=0, description="PPO: the critic's (default 1e-5)")
+    preference_model: bool | None = Field(
+        None, description="EVO-RAG: train the 7-head preference model every step (default on for evo-rag)"
+    )
+    preference_eval_share: float = Field(
+        0.2, gt=0, lt=1, description="preference model: share of questions whose pairs are held back"
+    )
     recipe_config: dict[str, Any] = Field(
         default_factory=dict, description="the recipe's own config (e.g. when-to-search switch_step)"
     )
     report_to: list[str] = Field(default_factory=list, description="TRL/transformers report_to, e.g. wandb")
     torch_threads: int | None = Field(None, ge=1, description="training threads (decoding always uses 1)")
 
-    def resolved(self, recipe: str) -> Hyperparameters:
-        """A copy with unset fields filled from the recipe's defaults, then the generic ones."""
+    def resolved(self, recipe: str, objective: str | None = None) -> Hyperparameters:
+        """A copy with unset fields filled from the (recipe, objective) defaults, the recipe's, the
+        ones the recipe derives from its config, then the generic ones. A field is unset when the
+        request left it out or sent null (``max_turns`` and ``token_budget`` keep their plain
+        defaults, 4 and 512, unless a recipe layer sets them)."""
         values = self.model_dump()
-        for key, value in RECIPE_DEFAULTS.get(recipe, {}).items():
-            if values.get(key) is None:
-                values[key] = value
-        generic = {"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False}
-        for key, value in generic.items():
-            if values.get(key) is None:
-                values[key] = value
+        unset = {k for k, v in values.items() if v is None or k not in self.model_fields_set}
+        derived = recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"])
+        generic = {"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
+                   "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
+                   "preference_model": False}  # fmt: skip
+        layers = [OBJECTIVE_DEFAULTS.get((recipe, objective or ""), {}), RECIPE_DEFAULTS.get(recipe, {}),
+                  derived, generic]  # fmt: skip
+        for layer in layers:
+            for key, value in layer.items():
+                if key in unset:
+                    values[key] = value
+                    unset.discard(key)
         return Hyperparameters.model_validate(values)
 
 

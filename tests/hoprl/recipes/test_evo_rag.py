@@ -162,12 +162,72 @@ def test_r_ref_uses_the_judge_on_evidence_so_far(answers, evidence, expected):
     assert scored.meta["evo_rag"]["refusal"]["backend"] == "rules"
 
 
-@pytest.mark.parametrize(("answers", "expected"), [(["Paris"], -1.0), ([], 1.0)])
-def test_refusing_before_any_search_is_judged_on_the_gold_evidence(answers, expected):
-    """Answerability is a property of the question, not of how far the agent searched."""
+@pytest.mark.parametrize(
+    ("ref_evidence", "answers", "expected"),
+    [
+        ("retrieved", ["Paris"], 1.0),  # the paper: nothing retrieved answers it, so refusing pays
+        ("retrieved", [], 1.0),
+        ("gold_and_retrieved", ["Paris"], -1.0),  # the option: the gold paragraph answers it
+        ("gold_and_retrieved", [], 1.0),
+    ],
+)
+def test_refusing_before_any_search_is_judged_on_the_retrieved_evidence(ref_evidence, answers, expected):
+    """r_ref's judge reads what the agent retrieved, never the gold paragraphs (unless asked to)."""
     episode = ep(Step(t=1, action="refuse", text=""), answers=answers)
     episode.meta["gold_evidence"] = ["Jane Roe was born in Paris."]
-    assert score_episode(episode, JUDGE, "discovery").steps[0].signals["r_ref"] == expected
+    cfg = EvoRagConfig(ref_evidence=ref_evidence)
+    assert score_episode(episode, JUDGE, "discovery", cfg).steps[0].signals["r_ref"] == expected
+
+
+def test_r_ref_reads_every_retrieved_document_as_the_policy_saw_it():
+    """A distractor that happens to hold the answer makes the evidence sufficient; so does a title
+    (the policy reads "Doc i (Title: ...) text"); gold paragraphs that were not retrieved do not."""
+    refuse = Step(t=3, action="refuse", text="")
+    by_text = ep(search(1, "Acme", "Acme Records"), search(2, "Roe", "Distractor", text="born in Paris"), refuse)
+    by_title = ep(search(1, "Acme", "Paris"), Step(t=2, action="refuse", text=""))
+    missed = ep(search(1, "Acme", "Acme Records"), Step(t=2, action="refuse", text=""))
+    missed.meta["gold_evidence"] = ["Jane Roe was born in Paris."]
+    r_ref = [score_episode(e, JUDGE, "discovery").steps[-1].signals["r_ref"] for e in (by_text, by_title, missed)]
+    assert r_ref == [-1.0, -1.0, 1.0]
+
+
+def load_judge_fixtures():
+    """tests/services/judge/conftest.py (its scripted LLM endpoint and judge services), by path."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "services" / "judge" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("judge_fixtures", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("ref_evidence", "expected"), [("retrieved", 1.0), ("gold_and_retrieved", -1.0)])
+def test_r_ref_with_the_llm_judge_sends_the_retrieved_passages(ref_evidence, expected):
+    """With the judge service's LLM backend (answerable@1 prompt), the passages in the prompt are
+    the retrieved documents; the (scripted, outside-the-machine) LLM says YES only when the
+    birthplace passage is among them, which only the gold option puts there."""
+    from hoprl.clients.judge import RemoteJudge
+
+    fixtures = load_judge_fixtures()
+    llm = fixtures.ScriptedLLM({"born in Paris": "YES"}, default="NO")
+    episode = ep(search(1, "Jane Roe", "Jane Roe", text="Jane Roe founded Acme Records."),
+                 Step(t=2, action="refuse", text=""))  # fmt: skip
+    episode.meta["gold_evidence"] = ["Jane Roe was born in Paris."]
+    with fixtures.llm_judge(llm) as url:
+        judge = RemoteJudge(url)
+        scored = score_episode(episode, judge, "discovery", EvoRagConfig(ref_evidence=ref_evidence))
+        judge.close()
+    assert scored.steps[1].signals["r_ref"] == expected
+    trail = scored.meta["evo_rag"]["refusal"]
+    assert (trail["backend"], trail["version"], trail["fallback"]) == ("openai", "answerable@1", False)
+    prompt = " ".join(m["content"] for m in llm.requests[0]["messages"] if m["role"] == "user")
+    assert "(Title: Jane Roe) Jane Roe founded Acme Records." in prompt
+    assert ("born in Paris" in prompt) == (ref_evidence == "gold_and_retrieved")
 
 
 def test_score_episode_is_pure():
@@ -250,6 +310,41 @@ def test_rising_returns_never_switch():
     c = Curriculum(alpha=0.3, eps=0.01, patience=2)
     assert not any(c.update(float(i)) for i in range(20))
     assert c.stage == "discovery"
+
+
+def test_stage_switch_compares_with_the_best_ema_as_the_paper():
+    """The paper: switch when the EMA fails to improve on the BEST EMA so far by eps for P checks.
+
+    Defaults alpha = 0.3, eps = 0.01, P = 3; dev returns [1, 0, 1, 1, 1, 1]; EMA seeded by check 1:
+      check 1: EMA = 1                                  best 1
+      check 2: EMA = 0.3*0 + 0.7*1     = 0.7            0.7 - 1 < eps: flat 1
+      check 3: EMA = 0.3*1 + 0.7*0.7   = 0.79           0.79 - 1 < eps: flat 2
+      check 4: EMA = 0.3*1 + 0.7*0.79  = 0.853          0.853 - 1 < eps: flat 3 -> switch at check 4
+      check 5: EMA = 0.3*1 + 0.7*0.853 = 0.8971
+      check 6: EMA = 0.3*1 + 0.7*0.8971 = 0.92797
+    Against the PREVIOUS EMA (the option) checks 3-6 gain 0.09, 0.063, 0.0441, 0.03087 >= eps, so
+    the count resets at check 3 and never reaches 3: no switch.
+    """
+    returns = [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    c = Curriculum.from_config(EvoRagConfig())
+    assert (c.alpha, c.eps, c.patience, c.rule) == (0.3, 0.01, 3, "best")
+    switched = []
+    emas = []
+    for x in returns:
+        switched.append(c.update(x))
+        emas.append(c.ema)
+    assert switched == [False, False, False, True, False, False]
+    assert c.switched_at == 4 and c.stage == "refinement"
+    assert emas == pytest.approx([1.0, 0.7, 0.79, 0.853, 0.8971, 0.92797])
+    assert c.best == pytest.approx(1.0)
+    previous = Curriculum.from_config(EvoRagConfig(switch_rule="previous"))
+    assert not any(previous.update(x) for x in returns) and previous.stage == "discovery"
+
+
+def test_a_slow_rise_below_eps_per_check_is_a_plateau():
+    """best = max EMA so far: gains smaller than eps each check never reset the count."""
+    c = Curriculum(alpha=1.0, eps=0.01, patience=2)  # alpha 1: EMA = the newest return
+    assert [c.update(x) for x in (0.5, 0.505, 0.509, 0.6)] == [False, False, True, False]
 
 
 def test_curriculum_state_round_trips_through_json():
@@ -367,3 +462,118 @@ def test_only_the_total_is_optimised():
         assert len(weights) == len(recipe.reward_funcs())
         assert weights[0] == 1.0 and set(weights[1:]) == {0.0}
     assert reward_weights(get_recipe("arena")) == [1.0] * 4  # format + accuracy + relevance + bonus
+
+
+# --- episodes of T_max steps in training ------------------------------------------------------
+
+
+def test_the_trainer_caps_evo_rag_episodes_at_t_max():
+    """A job's max_turns follows the recipe's T_max (one source), unless the request sets it."""
+    from services.trainer.protocol import Hyperparameters
+
+    assert Hyperparameters().resolved("evo-rag").max_turns == EvoRagConfig().t_max == 20
+    assert Hyperparameters(recipe_config={"t_max": 8}).resolved("evo-rag").max_turns == 8
+    assert Hyperparameters(max_turns=4).resolved("evo-rag").max_turns == 4  # an explicit request wins
+    assert Hyperparameters().resolved("search-r1").max_turns == 4
+
+
+def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
+    """20 SEARCH steps of 64 generated tokens, each followed by three real HotpotQA paragraphs, fit
+    the default budget (counted as the runner counts it: the context's growth, here the token
+    trajectory's completion). The old defaults (4 turns, 512 tokens) held less than two steps."""
+    import json
+
+    from hoprl.agent.tokens import to_token_trajectory
+    from services.trainer.protocol import Hyperparameters
+
+    from ..conftest_paths import shared_file
+
+    hp = Hyperparameters().resolved("evo-rag")
+    assert hp.token_budget == 20 * (64 + 3 * 200)
+    recipe = EvoRag()
+    lines = shared_file("hotpotqa_dev.jsonl").read_text().splitlines()[: hp.max_turns]
+    thought = tokenizer.decode(tokenizer("<think>" + "I need the next fact. " * 20)["input_ids"][:56])
+    steps = []
+    for t, line in enumerate(lines, 1):
+        paragraphs = json.loads(line)["paragraphs"][:3]
+        docs = [[RetrievedDoc(id=f"{t}-{i}", title=p["title"], text=p["text"]) for i, p in enumerate(paragraphs)]]
+        text = f"{thought}</think><search>hop {t}</search>"
+        steps.append(Step(t=t, action="search", text=text, queries=[f"hop {t}"], docs=docs,
+                          information=recipe.information(docs)))  # fmt: skip
+    episode = ep(*steps)
+    episode.prompt = recipe.messages(generate(seed=1)["dev"][0])
+    completion = to_token_trajectory(episode, tokenizer).completion_ids
+    assert len(completion) <= hp.token_budget, (len(completion), hp.token_budget)
+    assert len(completion) > 2 * 512  # the old budget was not even close
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from services.policy.model import resolve_model
+
+    root = Path(__file__).resolve().parents[3]
+    return AutoTokenizer.from_pretrained(resolve_model(None, root / ".hoprl/models/smollm2-135m-instruct"))
+
+
+def test_a_training_episode_runs_to_t_max_and_reaches_the_late_signals(retriever_url):
+    """The job's episode options (resolved defaults) through the real runner, a scripted model over
+    HTTP and the live retriever: 20 searches, so p(t) reaches 1 and the late, overlapping searches
+    (p >= 0.3 from step 7) pay r_act = -1. With the old cap of 4 steps neither could happen."""
+    import asyncio
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from hoprl.agent.runner import run_episode
+    from hoprl.clients.llm import LLMClient
+    from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
+    from hoprl.schemas import Document
+    from services.local import LocalServer
+    from services.trainer.jobs import rollout_options
+    from services.trainer.protocol import Hyperparameters, JobRequest
+    from services.trainer.settings import TrainerSettings
+
+    path = Path(__file__).resolve().parents[2] / "hoprl" / "agent" / "scripted_llm.py"
+    spec = importlib.util.spec_from_file_location("scripted_llm", path)
+    assert spec is not None and spec.loader is not None
+    scripted = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = scripted
+    spec.loader.exec_module(scripted)
+
+    with RetrieverClient(retriever_url) as client:
+        client.ingest("evo-rag-tmax", [
+            Document(id="acme", title="Acme Records", text="Acme Records was founded by Jane Roe."),
+            Document(id="jane", title="Jane Roe", text="Jane Roe was born in Paris."),
+        ])  # fmt: skip
+    request = JobRequest(recipe="evo-rag", collection="evo-rag-tmax")
+    hp = request.hyperparameters.resolved("evo-rag")
+    settings = TrainerSettings(retriever_url=retriever_url)
+    options = rollout_options(request, hp, "evo-rag-tmax", settings).episode
+    assert options["max_steps"] == 20
+    queries = ["Acme Records founder", "Jane Roe birthplace"] + ["Acme Records founder"] * 18
+    script = [f"<think>t</think><search>{q}</search>" for q in queries] + ["<answer>Paris</answer>"]
+    recipe = EvoRag()
+    question = generate(seed=1)["dev"][0].model_copy(update={"question": "Where was Acme's founder born?"})
+    app = scripted.create_app({question.question: script})
+
+    async def go(llm_url: str):
+        llm = LLMClient(llm_url, model="scripted", timeout=30, retries=0)
+        retriever = AsyncRetrieverClient(retriever_url)
+        try:
+            return await run_episode(recipe, question, llm, retriever, "evo-rag-tmax", **options)
+        finally:
+            await llm.aclose()
+            await retriever.aclose()
+
+    with LocalServer(app) as server:
+        episode = asyncio.run(go(server.url + "/v1"))
+    assert episode.outcome == "step_cap" and len(episode.steps) == 20
+    scored = recipe.score(episode)
+    r_act = [s.signals["r_act"] for s in scored.steps]
+    assert r_act[:6] == [0.0] * 6 and r_act[6:] == [-1.0] * 14  # p(7) = 6/19 >= 0.3
+    w20 = step_weights(20, "discovery", CFG)
+    assert w20["r_act"] == 0.8 and w20["r_dup"] == 0.5  # p(20) = 1: Table 2's Mid weights reached

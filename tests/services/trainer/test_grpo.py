@@ -12,8 +12,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.recipes.base import Action
 from hoprl.recipes.baselines import SearchR1, generated_texts
+from hoprl.recipes.evo_rag import EvoRag
 from hoprl.schemas import Question
-from services.trainer.grpo import HoprlGRPOTrainer, build_grpo, grpo_config, k2_kl, masked_sequence_mean
+from services.trainer.grpo import (
+    HoprlGRPOTrainer,
+    build_grpo,
+    grpo_config,
+    k2_kl,
+    masked_sequence_mean,
+    step_advantages,
+    token_advantages,
+)
 from services.trainer.protocol import Hyperparameters
 from services.trainer.rollout import AgentRollout, RolloutOptions
 
@@ -74,7 +83,8 @@ def make_trainer(
     )  # fmt: skip
     rollout = AgentRollout(recipe, questions, opts)
     config = grpo_config(params, objective, steps=steps, output_dir=str(tmp / "out"), seed=0)
-    return build_grpo(model, tokenizer, rollout, questions, config, kl_estimator=params.kl_estimator or "k3")
+    return build_grpo(model, tokenizer, rollout, questions, config, kl_estimator=params.kl_estimator or "k3",
+                      advantage=params.advantage or "sequence")  # fmt: skip
 
 
 def test_grpo_moves_weights(tiny_model: str, retriever_url: str, collection: str,
@@ -219,3 +229,135 @@ def test_a_step_favours_completions_with_higher_reward(
     change = mean_policy_logps(trainer, trainer.model) - mean_policy_logps(trainer, before)
     assert float((advantages * change).sum()) > 0
     assert float(change[advantages > 0].mean()) > float(change[advantages < 0].mean())
+
+
+# --- EVO-RAG's per-step group normalisation (advantage="per_step") ----------------------------
+
+
+def test_step_advantages_by_hand_on_episodes_of_different_lengths() -> None:
+    """One group of three episodes with 2, 1 and 3 steps (step rewards R_t as EVO-RAG scores them).
+
+    t = 1: R = [1, 0, 2]      mean 1, sample std 1          A = [0, -1, 1] / (1 + 1e-4)
+    t = 2: R = [-0.5, 0.5]    mean 0, std sqrt(0.5)         A = [-0.5, 0.5] / (0.70711 + 1e-4)
+    t = 3: R = [-1]           one episode: no spread        A = 0
+    """
+    rewards = [[1.0, -0.5], [0.0], [2.0, 0.5, -1.0]]
+    s2 = 0.5**0.5 + 1e-4
+    expected = [[0.0, -0.5 / s2, 0.0], [-1 / 1.0001, 0.0, 0.0], [1 / 1.0001, 0.5 / s2, 0.0]]
+    assert step_advantages(rewards, group_size=3).tolist() == [pytest.approx(r, abs=1e-6) for r in expected]
+    # scale "none": centred only; two groups are normalised separately
+    two = step_advantages([[1.0], [3.0], [10.0], [30.0]], group_size=2, scale="none")
+    assert two.tolist() == [[-1.0], [1.0], [-10.0], [10.0]]
+    with pytest.raises(ValueError, match="whole number of groups"):
+        step_advantages(rewards, group_size=2)
+
+
+def test_each_steps_tokens_get_that_steps_advantage(tiny_model: str) -> None:
+    """Step t's policy tokens carry A_t; injected documents and template tokens carry 0; a step
+    without text owns no tokens."""
+    from hoprl.agent.tokens import to_token_trajectory
+    from hoprl.agent.trajectory import Episode, Step
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    info = "\n<information>\nDoc 1 (Title: Acme) Acme was founded by Jane Roe.\n</information>\n"
+    steps = [
+        Step(t=1, action="search", text="<search>Acme founder</search>", queries=["Acme"], information=info),
+        Step(t=2, action="backtrack", text=""),
+        Step(t=3, action="answer", text="<answer>Jane Roe</answer>", answer="Jane Roe"),
+    ]
+    episode = Episode(recipe="evo-rag", question_id="q", question="Who founded Acme?",
+                      prompt=[{"role": "user", "content": "Who founded Acme?"}], steps=steps)  # fmt: skip
+    traj = to_token_trajectory(episode, tokenizer)
+    mask = torch.tensor([traj.mask])
+    out = token_advantages(torch.tensor([[0.5, 9.0, -2.0]]), [episode], mask)[0]
+    first = len(tokenizer("<search>Acme founder</search>", add_special_tokens=False)["input_ids"])
+    policy = [i for i, m in enumerate(traj.mask) if m]
+    assert out[policy[:first]].tolist() == [0.5] * first
+    assert out[policy[first:]].tolist() == [-2.0] * (len(policy) - first)  # step 3; step 2 had no text
+    assert torch.count_nonzero(out[mask[0] == 0]) == 0
+    with pytest.raises(ValueError, match="runs of policy tokens"):
+        token_advantages(torch.zeros(1, 3), [episode.model_copy(update={"steps": steps[:1]})], mask)
+
+
+class SpaceEvoRag(EvoRag):
+    """EVO-RAG for a random model: a segment ends at the first space and reads as a SEARCH (odd
+    length; documents are injected after it) or a BACKTRACK (even), so episodes run two steps
+    whose step rewards differ within a group."""
+
+    stop = [" "]  # noqa: RUF012
+
+    def parse(self, segment: str) -> Action:
+        if len(segment) % 2:
+            return Action("search", queries=["river city capital"], query_kinds=["search"])
+        return Action("backtrack")
+
+
+class Generated(HoprlGRPOTrainer):
+    """Keeps the batch as ``_generate_and_score_completions`` returns it: rows in episode order,
+    before TRL shuffles them for the loss."""
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        self.generated = {k: v.detach().clone() for k, v in output.items() if isinstance(v, torch.Tensor)}
+        return output
+
+
+def test_per_step_advantages_reach_trl_and_a_step_follows_them(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
+) -> None:
+    """A GRPO step of EVO-RAG with advantage="per_step" on the tiny model: every policy token of
+    the batch TRL trains on carries (R_{i,t} - mean_t) / (std_t + 1e-4) of its own step, computed
+    here with the statistics module from the rollout's scored episodes, and one small step raises
+    the log-probability of tokens with positive advantage against those with negative advantage."""
+    import statistics
+
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, steps=1,
+                           learning_rate=1e-4, recipe=SpaceEvoRag(), advantage="per_step")  # fmt: skip
+    assert trainer.advantage == "per_step"
+    trainer.__class__ = Generated
+    before = copy.deepcopy(trainer.model)
+    trainer.train()
+    b, rollout, g = trainer.generated, trainer.rollout_func, trainer.num_generations
+    episodes = rollout.last_episodes
+    rewards = [rollout.recipe.step_rewards(e) for e in episodes]
+    mask = b["completion_mask"] * b["tool_mask"]
+    advantages = b["advantages"]
+    assert advantages.dim() == 2 and advantages.shape == mask.shape
+    for i, episode in enumerate(episodes):
+        group = range(i - i % g, i - i % g + g)
+        runs = [t for t, step in enumerate(episode.steps) if step.text]
+        on = mask[i].bool().tolist()
+        starts = [j for j, x in enumerate(on) if x and (j == 0 or not on[j - 1])]
+        assert len(starts) == len(runs)
+        for k, (t, start) in enumerate(zip(runs, starts, strict=True)):
+            peers = [rewards[j][t] for j in group if len(rewards[j]) > t]
+            spread = statistics.stdev(peers) if len(peers) > 1 else 0.0
+            want = 0.0 if spread == 0 else (rewards[i][t] - statistics.mean(peers)) / (spread + 1e-4)
+            end = starts[k + 1] if k + 1 < len(starts) else len(on)
+            got = advantages[i, start:end][mask[i, start:end].bool()]
+            assert torch.allclose(got, torch.full_like(got, want), atol=1e-4), (i, t, got[:3], want)
+        assert torch.count_nonzero(advantages[i][~mask[i].bool()]) == 0
+    assert advantages.abs().sum() > 0, "every step was flat: nothing to learn from"
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1)
+    attention = torch.cat([b["prompt_mask"], b["completion_mask"]], dim=1)
+    width = b["completion_ids"].size(1)
+    with torch.no_grad():
+        new = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, width)[0]
+        old = trainer._get_per_token_logps_and_entropies(before, ids, attention, width)[0]
+    change = (new - old) * mask
+    assert float((advantages * change).sum()) > 0
+    assert float(change[advantages > 0].mean()) > float(change[advantages < 0].mean())
+
+
+def test_per_step_needs_step_rewards(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="step rewards"):
+        make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
+                     advantage="per_step")  # fmt: skip
+
+
+def test_evo_rag_jobs_default_to_per_step_advantages() -> None:
+    assert Hyperparameters().resolved("evo-rag").advantage == "per_step"
+    assert Hyperparameters().resolved("search-r1").advantage == "sequence"
+    assert Hyperparameters(advantage="sequence").resolved("evo-rag").advantage == "sequence"

@@ -11,16 +11,19 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.agent.trajectory import Episode, Step
-from hoprl.recipes.evo_rag import SIGNALS, episode_step_rewards
+from hoprl.recipes.evo_rag import SIGNALS, EvoRag, episode_step_rewards
 from services.trainer.ppo import (
     PPOConfig,
     PPOSample,
     ValueHead,
+    ValueModel,
     collate,
     forward,
     gae,
-    load_value_head,
+    load_critic,
+    make_critic,
     ppo_loss,
+    ppo_optimizer,
     ppo_step,
     prepare,
     step_ends,
@@ -128,11 +131,14 @@ def test_gae_by_hand_on_three_steps_bridges_masked_spans() -> None:
     assert returns[0].tolist() == pytest.approx([2.5, 2.5, 0, 0, 1.5, 0, 2.0])
 
 
-def test_injected_tokens_get_exactly_zero_gradient(tiny_model: str, samples: list[PPOSample]) -> None:
+@pytest.mark.parametrize("critic_kind", ["separate", "shared"])
+def test_injected_tokens_get_exactly_zero_gradient(
+    tiny_model: str, samples: list[PPOSample], critic_kind: str
+) -> None:
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_pretrained(tiny_model)
     ref = AutoModelForCausalLM.from_pretrained(tiny_model)
-    value_head = ValueHead(policy.config.hidden_size)
+    value_head = make_critic(policy, critic_kind)  # type: ignore[arg-type]
     config = PPOConfig(ent_coef=0.01, kl_coef=0.1)
     data = prepare(policy, value_head, ref, collate(samples, 0), config)
     with torch.no_grad():  # move the policy so ratios leave 1 and the clipped branches matter
@@ -165,16 +171,90 @@ def test_value_loss_decreases_on_a_fixed_batch(tiny_model: str, samples: list[PP
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_train_ppo_changes_weights_and_saves(tiny_model: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("critic_kind", ["separate", "shared"])
+def test_train_ppo_changes_weights_and_saves(tiny_model: str, tmp_path: Path, critic_kind: str) -> None:
     before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
     episodes = [scored_episode(f"q{i}", a) for i, a in enumerate(["Jane Roe", "John Doe", "Tokyo"])]
-    config = PPOConfig(steps=2, batch_size=2, mini_batch_size=1, ppo_epochs=1, learning_rate=1e-3)
+    config = PPOConfig(steps=2, batch_size=2, mini_batch_size=1, ppo_epochs=1, learning_rate=1e-3,
+                       critic=critic_kind)  # fmt: skip
     seen: list[dict[str, float]] = []
     history = train_ppo(tiny_model, episodes, config, tmp_path, on_step=seen.append)
     assert [m["step"] for m in history] == [1, 2] and seen == history
     assert all(torch.isfinite(torch.tensor(list(m.values()))).all() for m in history)
-    after = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
+    policy = AutoModelForCausalLM.from_pretrained(tmp_path)
+    after = policy.state_dict()
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert "model.embed_tokens.weight" in changed and any("layers.0" in k for k in changed)
-    head = load_value_head(tmp_path, int(after["model.norm.weight"].shape[0]))
-    assert isinstance(head, ValueHead)
+    critic = load_critic(tmp_path, policy, critic_kind)  # type: ignore[arg-type]
+    assert isinstance(critic, ValueModel if critic_kind == "separate" else ValueHead)
+    assert load_critic(tmp_path, policy, "shared" if critic_kind == "separate" else "separate") is None
+
+
+def test_the_papers_ppo_defaults() -> None:
+    """EVO-RAG's PPO: KL 0.001, policy lr 1e-6, a separate critic at lr 1e-5 (the PPOConfig
+    defaults, and what an evo-rag PPO job resolves to)."""
+    from services.trainer.protocol import Hyperparameters
+
+    config = PPOConfig()
+    assert (config.kl_coef, config.learning_rate, config.critic, config.critic_learning_rate) == (
+        0.001, 1e-6, "separate", 1e-5,
+    )  # fmt: skip
+    hp = Hyperparameters().resolved("evo-rag", "ppo")
+    assert (hp.beta, hp.learning_rate, hp.critic, hp.critic_learning_rate) == (0.001, 1e-6, "separate", 1e-5)
+    assert Hyperparameters(critic="shared").resolved("evo-rag", "ppo").critic == "shared"
+
+
+def test_a_separate_critic_has_its_own_network_and_learning_rate(
+    tiny_model: str, samples: list[PPOSample]
+) -> None:
+    """Two parameter groups (policy 1e-6, critic 1e-5), no parameter shared; one PPO step moves
+    the critic's body and head, and the policy, each with its own rate."""
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model)
+    critic = make_critic(policy, "separate")
+    assert isinstance(critic, ValueModel)
+    config = PPOConfig(gamma=1.0, lam=1.0, ppo_epochs=1, mini_batch_size=4)
+    optimizer = ppo_optimizer(policy, critic, config)
+    assert [(g["name"], g["lr"]) for g in optimizer.param_groups] == [("policy", 1e-6), ("critic", 1e-5)]
+    policy_ids = {id(p) for p in policy.parameters()}
+    assert policy_ids.isdisjoint(id(p) for p in critic.parameters())
+    assert {id(p) for p in optimizer.param_groups[0]["params"]} == policy_ids
+    # the critic starts as a copy of the policy's body
+    body = {k: v.clone() for k, v in critic.body.state_dict().items()}
+    assert torch.equal(body["layers.0.mlp.up_proj.weight"], policy.model.layers[0].mlp.up_proj.weight)
+    head = critic.head.linear.weight.detach().clone()
+    pol = policy.model.layers[0].mlp.up_proj.weight.detach().clone()
+    ppo_step(policy, critic, None, optimizer, samples, config.model_copy(update={"kl_coef": 0.0}))
+    assert not torch.equal(critic.head.linear.weight, head)
+    moved = [k for k, v in critic.body.state_dict().items() if not torch.equal(v, body[k])]
+    assert any("layers.0" in k for k in moved)
+    policy_change = (policy.model.layers[0].mlp.up_proj.weight - pol).abs().max().item()
+    critic_change = (
+        critic.body.state_dict()["layers.0.mlp.up_proj.weight"] - body["layers.0.mlp.up_proj.weight"]
+    )
+    # Adam's first step moves every weight by about its learning rate: 1e-6 vs 1e-5
+    assert 0 < policy_change <= 1.5e-6 and 5e-6 < critic_change.abs().max().item() <= 1.5e-5
+
+
+def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: Path) -> None:
+    """The job loop with an evo-rag PPO request's resolved defaults: a ValueModel critic, two
+    learning rates and a KL coefficient of 0.001 in the PPO config."""
+    from hoprl.registry.store import Registry
+    from hoprl.schemas import Question
+    from services.trainer.offpolicy import OffPolicyTrainer
+    from services.trainer.protocol import JobRequest
+    from services.trainer.rollout import RolloutOptions
+
+    request = JobRequest(recipe="evo-rag", objective="ppo", model=tiny_model)
+    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    q = Question(id="q", dataset="t", split="train", question="Who founded Acme?", answers=["Jane Roe"])
+    opts = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2)
+    with Registry(f"sqlite:///{tmp_path / 'r.db'}") as registry:
+        hp = hp.model_copy(update={"preference_model": False})
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+        trainer = OffPolicyTrainer("ppo", request, hp, EvoRag(), model, tokenizer, [q], [q], opts, registry,
+                                   "job-x", str(tmp_path))  # fmt: skip
+    assert isinstance(trainer.value_head, ValueModel) and trainer.ppo.kl_coef == 0.001
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-6, 1e-5]
+    assert trainer.ref is not None  # the KL needs the frozen reference

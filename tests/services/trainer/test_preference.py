@@ -10,15 +10,18 @@ import pytest
 import torch
 
 from hoprl.agent.trajectory import Episode, Step
-from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRagConfig, step_weights
+from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRag, EvoRagConfig, step_weights
 from services.trainer.preference import (
     Item,
     PreferenceConfig,
+    PreferenceLearner,
     PreferenceModel,
     headwise_loss,
     make_reward_func,
-    pairs_from_episodes,
     pairwise_accuracy,
+    preference_pairs,
+    return_accuracy,
+    return_headwise_loss,
     train_preference,
 )
 
@@ -69,10 +72,43 @@ def test_headwise_loss_by_hand_on_two_pairs() -> None:
     assert headwise_loss(h_a, h_b, sig_a, sig_a).item() == 0.0
 
 
+def test_the_papers_headwise_loss_by_hand() -> None:
+    """Every head is fitted to the pair's order by weighted return: y = +1 when a is preferred."""
+    nll = lambda x: -math.log(1 / (1 + math.exp(-x)))  # noqa: E731  -log sigmoid(x)
+    h_a, h_b = torch.zeros(2, 7), torch.zeros(2, 7)
+    h_a[0, 0], h_b[0, 0] = 0.3, -0.2  # pair 1 (a preferred): head 0 gap +0.5, the other six 0
+    h_a[1, 6], h_b[1, 6] = -1.0, 1.0  # pair 2 (b preferred): head 6 gap -2, y = -1, so +2
+    expected = (nll(0.5) + 6 * nll(0.0) + nll(2.0) + 6 * nll(0.0)) / 14
+    label = torch.tensor([1.0, -1.0])
+    assert return_headwise_loss(h_a, h_b, label).item() == pytest.approx(expected)
+    assert return_headwise_loss(h_b, h_a, -label).item() == pytest.approx(expected)  # shown swapped
+
+
+def weighted_pairs(n: int, seed: int) -> list[tuple[Item, Item]]:
+    """Synthetic pairs whose value is the scheduled weighted sum of their signals at t = 1."""
+    w = step_weights(1, "discovery", EvoRagConfig())
+    items = [
+        Item(i.text, i.signals, t=1, value=sum(w[k] * x for k, x in zip(SIGNALS, i.signals, strict=True)))
+        for i in synthetic_items(2 * n, seed)
+    ]
+    return [(a, b) for a, b in zip(items[:n], items[n:], strict=True) if a.value != b.value]
+
+
+def test_the_default_loss_learns_the_weighted_return_order() -> None:
+    torch.manual_seed(0)
+    fresh = PreferenceModel(max_length=64)
+    train, held_out = weighted_pairs(64, seed=3), weighted_pairs(64, seed=4)
+    before = return_accuracy(fresh, held_out, "discovery", EvoRagConfig())
+    train_preference(fresh, train, PreferenceConfig(epochs=3, batch_size=16, head_learning_rate=1e-2))
+    after = return_accuracy(fresh, held_out, "discovery", EvoRagConfig())
+    assert after is not None and after >= 0.8, (before, after)
+
+
 def test_training_raises_pairwise_accuracy_of_every_head(model: PreferenceModel) -> None:
+    """The per-signal option: each head learns its own signal's order."""
     train, held_out = synthetic_pairs(48, seed=1), synthetic_pairs(48, seed=2)
     before = pairwise_accuracy(model, held_out)
-    config = PreferenceConfig(epochs=2, batch_size=16, head_learning_rate=1e-2)  # encoder trained too
+    config = PreferenceConfig(epochs=2, batch_size=16, head_learning_rate=1e-2, loss="per_signal")
     losses = train_preference(model, train, config)
     after = pairwise_accuracy(model, held_out)
     assert len(losses) == 6 and sum(losses[3:]) < sum(losses[:3])
@@ -123,20 +159,70 @@ def test_reward_func_sums_over_episode_steps(model: PreferenceModel) -> None:
     assert total == pytest.approx([expected, 0.0], abs=1e-5)
 
 
-def test_pairs_from_episodes_use_each_steps_own_signals() -> None:
-    def ep(text: str, r_ret: float, sample: int) -> Episode:
-        signals = dict.fromkeys(SIGNALS, 0.0) | {"r_ret": r_ret, "r_step": -1.0}
-        step = Step(t=1, action="search", text=text, signals=signals)
-        prompt = [{"role": "user", "content": "Q?"}]
-        return Episode(
-            recipe="evo-rag", question_id="q", question="Q?", prompt=prompt, steps=[step], sample=sample
-        )
+def sibling(qid: str, sample: int, *steps: tuple[str, dict[str, float]]) -> Episode:
+    """A scored episode of one question: every episode of a question shares its prompt."""
+    return Episode(
+        recipe="evo-rag", question_id=qid, question=f"{qid}?", sample=sample,
+        prompt=[{"role": "user", "content": f"{qid}?"}],
+        steps=[Step(t=t, action="search", text=text, signals=dict.fromkeys(SIGNALS, 0.0) | sig)
+               for t, (text, sig) in enumerate(steps, 1)],
+        meta={"evo_rag": {"stage": "discovery", "version": "evo_rag@1"}},
+    )  # fmt: skip
 
-    pairs = pairs_from_episodes([ep("<search>a</search>", 1.0, 0), ep("<search>b</search>", -1.0, 1)])
-    assert len(pairs) == 1
-    a, b = pairs[0]
-    assert (a.text, b.text, a.context) == ("<search>a</search>", "<search>b</search>", "Q?")
-    assert a.signals[SIGNALS.index("r_ret")] == 1.0 and b.signals[SIGNALS.index("r_ret")] == -1.0
+
+def test_preference_pairs_are_ordered_by_weighted_return_and_balanced() -> None:
+    """Five candidates for step 1 of one question. At t = 1 (p = 0) the Discovery weights are
+    Table 2's Start: r_ret 2.0, r_step 0.02, r_ans 0.05; at t = 2 (p = 1/19) r_ans weighs
+    (18 * 0.05 + 0.10) / 19 = 1/19 and r_step (18 * 0.02 + 0.05) / 19 = 0.41/19. G_1 = R_1 + R_2:
+      a: r_ret +1, then an answer (r_ans 1):  2.0 - 0.02 + 1/19 - 0.41/19 = 2.01105...
+      b: r_ret +1, one step:                  2.0 - 0.02            = 1.98
+      c: r_step only:                          -0.02
+      d: r_ret -1:                            -2.0 - 0.02            = -2.02
+      e: r_ret -1, then r_ans 0:              -2.02 - 0.41/19        = -2.04158...
+    Best with worst: (a, e), then (b, d); c is left alone. The first pair shows the preferred step
+    first, the second shows it second: one label +1, one -1, and no candidate twice."""
+    step = {"r_step": -1.0}
+    eps = [
+        sibling("q", 0, ("a", step | {"r_ret": 1.0}), ("ans", step | {"r_ans": 1.0})),
+        sibling("q", 1, ("b", step | {"r_ret": 1.0})),
+        sibling("q", 2, ("c", step)),
+        sibling("q", 3, ("d", step | {"r_ret": -1.0})),
+        sibling("q", 4, ("e", step | {"r_ret": -1.0}), ("ans", step)),
+    ]
+    g = {"a": 1.98 + 0.59 / 19, "b": 1.98, "c": -0.02, "d": -2.02, "e": -2.02 - 0.41 / 19}
+    pairs = preference_pairs(eps, EvoRagConfig())
+    assert [(x.text, y.text) for x, y in pairs] == [("a", "e"), ("d", "b")]
+    for x, y in pairs:
+        assert (x.value, y.value) == (pytest.approx(g[x.text]), pytest.approx(g[y.text]))
+        assert (x.context, x.t, x.question_id) == ("q?", 1, "q")
+    labels = [1 if x.value > y.value else -1 for x, y in pairs]
+    assert labels.count(1) == labels.count(-1)
+    texts = [i.text for pair in pairs for i in pair]
+    assert len(texts) == len(set(texts))
+    assert pairs[0][0].signals[SIGNALS.index("r_ret")] == 1.0  # each step keeps its own signals
+    assert preference_pairs(eps, EvoRagConfig(), delta=4.0) == [pairs[0]]  # margins 4.05 and 4.0
+
+
+def test_the_learner_never_trains_on_held_back_pairs(model: PreferenceModel) -> None:
+    """Algorithm 1's reward-model update on one step's episodes: pairs of held-back questions are
+    only evaluated; the rest are trained on; the accuracy is over the held-back ones."""
+    episodes = [
+        sibling(f"q{i}", s, (f"<search>{w} {i}</search>", {"r_ret": 1.0 if w == "apple" else -1.0}))
+        for i in range(12)
+        for s, w in enumerate(("apple", "tiger"))
+    ]
+    learner = PreferenceLearner(EvoRag(), PreferenceConfig(eval_share=0.5, epochs=1), model=model)
+    pairs = preference_pairs(episodes, EvoRagConfig())
+    held = [p for p in pairs if learner.is_held_back(p[0].question_id)]
+    trained = [p for p in pairs if not learner.is_held_back(p[0].question_id)]
+    assert held and trained and len(pairs) == 12
+    metrics = learner.step(episodes)
+    assert learner.held_back == held
+    assert {p[0].question_id for p in held}.isdisjoint(p[0].question_id for p in trained)
+    assert metrics["preference/train_pairs"] == len(trained) and metrics["preference/eval_pairs"] == len(held)
+    accuracy = return_accuracy(model, held, "discovery", EvoRagConfig())
+    assert metrics["preference/eval_accuracy"] == pytest.approx(accuracy)
+    assert "preference/loss" in metrics
 
 
 def test_save_and_load_give_the_same_scores(model: PreferenceModel, tmp_path: Path) -> None:
