@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Integer, MetaData, create_engine, inspect, text
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import IntegrityError
 
 import hoprl.registry
 from hoprl.registry import migrate
@@ -24,16 +26,32 @@ from hoprl.registry.models import Base
 from .conftest import BACKENDS, fresh_database
 
 pytestmark = pytest.mark.timeout(120)
-HEAD = "0002"
+HEAD = "0003"
+
+
+@contextmanager
+def empty_database(backend: str, request: pytest.FixtureRequest, tmp_path: Path, name: str) -> Iterator[URL]:
+    """An empty database: a new SQLite file, or a new PostgreSQL database dropped afterwards."""
+    if backend == "sqlite":
+        yield make_url(f"sqlite:///{tmp_path / f'{name}.db'}")
+        return
+    with fresh_database(request.getfixturevalue("pg_admin_url")) as url:
+        yield url
 
 
 @pytest.fixture(params=BACKENDS)
 def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
-    """An empty database: a new SQLite file, or a new PostgreSQL database dropped afterwards."""
-    if request.param == "sqlite":
-        yield make_url(f"sqlite:///{tmp_path / 'fresh.db'}")
-        return
-    with fresh_database(request.getfixturevalue("pg_admin_url")) as url:
+    with empty_database(request.param, request, tmp_path, "fresh") as url:
+        yield url
+
+
+@pytest.fixture
+def models_url(empty_url: URL, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
+    """A second empty database of the same backend, created from the models (``create_all``)."""
+    with empty_database(empty_url.get_backend_name(), request, tmp_path, "models") as url:
+        engine = create_engine(url)
+        Base.metadata.create_all(engine)
+        engine.dispose()
         yield url
 
 
@@ -66,6 +84,51 @@ def test_migrated_schema_matches_the_models(empty_url: URL) -> None:
     assert schema_diff(empty_url) == []
     migrate(empty_url)  # at head already: a no-op
     assert current_revision(empty_url) == HEAD
+
+
+def constraint_names(url: URL) -> dict[str, set[tuple[str, str | None]]]:
+    """Every table's named constraints and indexes, as the database reports them: (kind, name)."""
+    engine = create_engine(url)
+    found: dict[str, set[tuple[str, str | None]]] = {}
+    inspector = inspect(engine)
+    for table in Base.metadata.tables:
+        names = {("pk", inspector.get_pk_constraint(table)["name"])}
+        names |= {("uq", c["name"]) for c in inspector.get_unique_constraints(table)}
+        names |= {("fk", c["name"]) for c in inspector.get_foreign_keys(table)}
+        names |= {("ck", c["name"]) for c in inspector.get_check_constraints(table)}
+        names |= {("ix", c["name"]) for c in inspector.get_indexes(table)}
+        found[table] = names
+    engine.dispose()
+    return found
+
+
+def test_migrated_constraint_names_equal_the_models(empty_url: URL, models_url: URL) -> None:
+    """Alembic's comparison ignores constraint names; a later migration that drops a constraint by
+    its model name would fail on a database that calls it something else (0001 made
+    ``ck_runs_ck_runs_status``; 0003 renames it)."""
+    migrate(empty_url)
+    migrated, models = constraint_names(empty_url), constraint_names(models_url)
+    assert ("ck", "ck_runs_status") in models["runs"]
+    assert migrated == models
+
+
+def test_0003_renames_the_status_check_and_keeps_it(empty_url: URL) -> None:
+    """A registry at 0002 keeps its rows, and the renamed check still refuses an unknown status."""
+    migrate(empty_url, "0002")
+    assert ("ck", "ck_runs_ck_runs_status") in constraint_names(empty_url)["runs"]
+    engine = create_engine(empty_url)
+    columns = "id, recipe, objective, model, config, seed, code_version, status, created_at, kind"
+    row = f"INSERT INTO runs ({columns})"
+    values = " VALUES (:id, 'arena', 'grpo', 'm', '{}', 0, 'v', :status, :now, 'job')"
+    with engine.begin() as conn:
+        conn.execute(text(row + values), {"id": "job-1", "status": "running", "now": datetime.now(UTC)})
+    migrate(empty_url)
+    assert ("ck", "ck_runs_status") in constraint_names(empty_url)["runs"]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT id, status FROM runs")).all() == [("job-1", "running")]
+    with pytest.raises(IntegrityError, match="ck_runs_status"), engine.begin() as conn:
+        conn.execute(text(row + values), {"id": "job-2", "status": "paused", "now": datetime.now(UTC)})
+    engine.dispose()
 
 
 def test_the_comparison_would_see_a_difference(empty_url: URL) -> None:
