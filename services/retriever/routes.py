@@ -52,13 +52,13 @@ def _valid_name(name: str) -> str:
     return name
 
 
-def _not_found(name: str, index: HybridIndex) -> ApiError:
-    known = [c.name for c in index.collections()]
+def _not_found(name: str) -> ApiError:
+    """404 without the other collections' names (they are not the caller's to learn from an error)."""
     return ApiError(
         404,
         "collection_not_found",
-        f"collection {name!r} does not exist; ingest documents into it first "
-        f"(POST /v1/collections/{name}/documents). Existing: {known}",
+        f"collection {name!r} does not exist; GET /v1/collections lists the collections, and ingesting "
+        f"documents creates one (POST /v1/collections/{name}/documents)",
     )
 
 
@@ -73,7 +73,7 @@ def get_collection(name: CollectionName, request: Request) -> CollectionInfo:
     try:
         return index.info(_valid_name(name))
     except CollectionNotFound:
-        raise _not_found(name, index) from None
+        raise _not_found(name) from None
 
 
 CREATED: dict[int | str, dict[str, Any]] = {
@@ -96,7 +96,7 @@ def delete_collection(name: CollectionName, request: Request) -> dict[str, str]:
     try:
         index.delete(_valid_name(name))
     except CollectionNotFound:
-        raise _not_found(name, index) from None
+        raise _not_found(name) from None
     return {"deleted": name}
 
 
@@ -128,7 +128,7 @@ def search(body: SearchRequest, request: Request) -> SearchResponse:
     try:
         return index.search(body)
     except CollectionNotFound:
-        raise _not_found(body.collection, index) from None
+        raise _not_found(body.collection) from None
 
 
 class RetrieveRequest(BaseModel):

@@ -259,3 +259,36 @@ def test_a_key_that_cannot_be_sent_fails_at_start(tmp_path: Path) -> None:
         mp.setenv("HOPRL_API_KEY", "two words")
         with pytest.raises(ValueError, match="HOPRL_API_KEY must be printable ASCII"):
             create_judge(JudgeSettings())
+
+
+def test_collection_404s_do_not_list_the_other_collections(keyed: dict[str, Service]) -> None:
+    with RetrieverClient(keyed["retriever"].url) as retriever:
+        retriever.ingest("tenant-a-private", CORPUS[:1])
+    with httpx.Client(base_url=keyed["retriever"].url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        answers = [
+            http.get("/v1/collections/nope"),
+            http.delete("/v1/collections/nope"),
+            http.post("/v1/search", json={"collection": "nope", "queries": ["x"]}),
+        ]
+        for response in answers:
+            assert (response.status_code, response.json()["error"]) == (404, "collection_not_found")
+            assert "tenant-a-private" not in response.text and "GET /v1/collections" in response.text
+        assert "tenant-a-private" in http.get("/v1/collections").text  # listing them is its own route
+
+
+def test_a_policy_with_another_key_than_its_retriever_says_so(
+    tmp_path: Path, keyed: dict[str, Service]
+) -> None:
+    model = resolve_model(None, ROOT / ".hoprl/models/smollm2-135m-instruct")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOPRL_API_KEY", "another-key-9d1e")
+        settings = PolicySettings(
+            model=model, retriever_url=keyed["retriever"].url, default_recipe="naive-rag"
+        )
+        with (
+            LocalServer(create_policy(settings)) as policy,
+            PolicyClient(policy.url) as client,
+            pytest.raises(ServiceError) as info,
+        ):
+            client.answer("Who founded Acme Records?", collection=COLLECTION)
+    assert info.value.status == 502 and "HOPRL_API_KEY" in str(info.value)
