@@ -10,6 +10,7 @@ from hoprl.recipes import RECIPES
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
 from services.errors import ERROR_RESPONSES, ApiError
+from services.trainer.admission import admit
 from services.trainer.jobs import submit
 from services.trainer.protocol import Checkpoint, Job, JobCreated, JobRequest, JobStatus
 from services.trainer.queue import JobQueue
@@ -67,7 +68,7 @@ def create_job(body: JobRequest, request: Request) -> JobCreated:
     """Queue a training job; it starts when the trainer is free (one job at a time)."""
     registry = _registry(request)
     _validate(body, registry)
-    run = submit(registry, body)
+    run = submit(registry, admit(body, _queue(request).settings, registry))
     return JobCreated(id=run.id, status=run.status)
 
 

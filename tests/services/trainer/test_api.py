@@ -19,9 +19,11 @@ from services.trainer.settings import TrainerSettings
 
 
 @pytest.fixture()
-def settings(tmp_path: Path, retriever_url: str) -> TrainerSettings:
+def settings(tmp_path: Path, retriever_url: str, tiny_model: str) -> TrainerSettings:
+    """The dataset is written to ``tmp_path`` and the tiny model lives beside it: both are roots."""
     return TrainerSettings(database_url=f"sqlite:///{tmp_path / 'registry.db'}", runs_dir=tmp_path / "runs",
-                           retriever_url=retriever_url, poll_interval_s=0.2, torch_threads=1)  # fmt: skip
+                           retriever_url=retriever_url, poll_interval_s=0.2, torch_threads=1,
+                           data_roots=[tmp_path], model_roots=[Path(tiny_model).parent])  # fmt: skip
 
 
 def job(tiny_model: str, data: Path, collection: str, steps: int = 2) -> dict[str, object]:
