@@ -59,6 +59,7 @@ from hoprl.agent.runner import run_episode
 from hoprl.agent.trajectory import Episode
 from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
 from hoprl.clients.llm import LLMClient
+from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
 from hoprl.recipes import get_recipe
 from hoprl.registry import Registry, total_reward
@@ -124,9 +125,8 @@ def registry(url: str | None = None) -> Registry:
 @functools.cache
 def served_model(policy_url: str) -> str:
     """The model id a policy service serves (``GET /v1/models``), when the caller names none."""
-    response = httpx.get(f"{policy_url.rstrip('/')}/v1/models", timeout=30)
-    response.raise_for_status()
-    return str(response.json()["data"][0]["id"])
+    with PolicyClient(policy_url, timeout=30) as policy:  # sends $HOPRL_API_KEY
+        return policy.model()
 
 
 def score(recipe: Any, episode: Episode, question: Question) -> dict[str, float]:

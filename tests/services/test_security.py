@@ -229,10 +229,15 @@ def test_project_clients_send_the_key_and_services_pass_it_on(keyed: dict[str, S
 
 
 def test_a_prefect_flow_sends_the_key(keyed: dict[str, Service]) -> None:
-    """prepare_data -> build_index -> evaluate, as the pipeline runs them, against the keyed services."""
+    """prepare_data -> build_index -> evaluate -> collect_rollouts, as the pipeline runs them (fan-out
+    eager), against the keyed services."""
+    from flows import fanout
     from flows.data import build_index, prepare_data
     from flows.evaluate import evaluate
+    from flows.rollouts import collect_rollouts
     from flows.runs import registry
+
+    fanout.use_eager(True)
 
     with prefect_test_harness(server_startup_timeout=120):
         registry().create_run("keyed", "naive-rag", "grpo", "default", {}, 0)
@@ -242,7 +247,12 @@ def test_a_prefect_flow_sends_the_key(keyed: dict[str, Service]) -> None:
         result = evaluate(
             "keyed", "baseline", data["paths"]["test"], index["collection"], "naive-rag", *urls, limit=2
         )
+        episode = {"max_steps": 1, "max_new_tokens_per_step": 8}  # the model's id comes from GET /v1/models
+        rollouts = collect_rollouts(
+            "keyed", 1, data["paths"]["dev"], index["collection"], "naive-rag", *urls[:2], 1, options=episode
+        )
     assert index["points"] > 0 and result["evaluation_id"] and 0 <= result["metrics"]["em"] <= 1
+    assert rollouts["written"] == 1
 
 
 def test_an_unset_key_is_open_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
