@@ -7,7 +7,11 @@ Measures, on the default model (SmolLM2-135M-Instruct, transformers engine, one 
 - tokens/s of greedy decoding, 8 prompts one at a time vs the same 8 in one batch;
 - ``POST /v1/answer`` (naive-rag, the HotpotQA dev corpus indexed through a local retriever)
   latency p50 / p99 for one client, and requests/s with 16 concurrent clients (the engine
-  batches their concurrent generations).
+  batches their concurrent generations);
+- time to first token (TTFT) of streamed chat completions through the official ``openai`` client
+  (greedy, ``--tokens`` new tokens, the question as the user turn): median for one client, median
+  and p99 with ``--clients`` concurrent streams, and the median time to the last chunk
+  (``--ttft-only`` measures this alone, without the corpus).
 The question sample is fixed (every k-th question of the file). The retriever's storage is kept in
 ``.hoprl/bench/qdrant`` so the corpus is indexed once. Timings on shared machines are noisy: run
 it on an idle machine and compare ratios within one run.
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import openai
 import torch
 
 from hoprl.answer_eval import prepare_collection
@@ -103,6 +108,51 @@ def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]
     }
 
 
+async def stream_timings(
+    url: str, questions: list[Question], tokens: int, clients: int
+) -> tuple[list[float], list[float]]:
+    """Seconds to the first text chunk and to the end of each streamed chat completion, at the client."""
+    key = os.environ.get("HOPRL_API_KEY") or "unused"
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
+    model = (await client.models.list()).data[0].id
+    semaphore = asyncio.Semaphore(clients)
+    first: list[float] = []
+    total: list[float] = []
+
+    async def one(q: Question) -> None:
+        async with semaphore:
+            start, seen = time.perf_counter(), None
+            stream = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": q.question}], max_tokens=tokens,
+                temperature=0, stream=True,
+            )  # fmt: skip
+            async for chunk in stream:
+                if seen is None and chunk.choices and chunk.choices[0].delta.content:
+                    seen = time.perf_counter() - start
+            end = time.perf_counter() - start
+            first.append(end if seen is None else seen)
+            total.append(end)
+
+    await asyncio.gather(*(one(q) for q in questions))
+    await client.close()
+    return first, total
+
+
+def ttft_bench(args: argparse.Namespace, model: str, questions: list[Question]) -> dict[str, float]:
+    """TTFT of streamed chat completions: one client, then ``args.clients`` at once."""
+    with LocalServer(create_policy(PolicySettings(model=model, request_timeout_s=600))) as policy:
+        asyncio.run(stream_timings(policy.url, questions[:1], args.tokens, 1))  # warm-up
+        first, total = asyncio.run(stream_timings(policy.url, questions[: args.single], args.tokens, 1))
+        many = (questions * 4)[: args.concurrent_requests]
+        first_many, _ = asyncio.run(stream_timings(policy.url, many, args.tokens, args.clients))
+    return {
+        "stream_ttft_p50_s": float(np.percentile(first, 50)),
+        "stream_total_p50_s": float(np.percentile(total, 50)),
+        f"stream_ttft_p50_s_{args.clients}_clients": float(np.percentile(first_many, 50)),
+        f"stream_ttft_p99_s_{args.clients}_clients": float(np.percentile(first_many, 99)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -113,6 +163,7 @@ def main() -> None:
     parser.add_argument("--concurrent-requests", type=int, default=64)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--ttft-only", action="store_true", help="only the streaming time to first token")
     args = parser.parse_args()
     if args.quick:
         args.tokens, args.single, args.concurrent_requests = 16, 8, 16
@@ -121,8 +172,10 @@ def main() -> None:
     questions = fixed_sample(load_questions(args.data), max(args.single, 16))
     result: dict[str, object] = {"model": model, "tokens": args.tokens, "cpus": os.cpu_count()}
     result["load_average_before"] = os.getloadavg()
-    result |= engine_tokens_per_s(model, questions, args.tokens)
-    result |= answer_bench(args, model, questions)
+    if not args.ttft_only:
+        result |= engine_tokens_per_s(model, questions, args.tokens)
+        result |= answer_bench(args, model, questions)
+    result |= ttft_bench(args, model, questions)
     result["load_average_after"] = os.getloadavg()
     print(json.dumps(result, indent=2))
 
