@@ -165,14 +165,68 @@ def test_loss_types_run(objective: str, tiny_model: str, retriever_url: str, col
     assert "loss" in trainer.state.log_history[0]
 
 
-def test_k2_kl_in_training(tiny_model: str, retriever_url: str, collection: str,
+class KLProbe(HoprlGRPOTrainer):
+    """Keeps what the KL term is computed from (the policy and reference log-probs of the loss's
+    batch, the policy-token mask) and how much the KL adds to the loss: the loss minus the same
+    loss recomputed with ``beta = 0``."""
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        loss = super()._compute_loss(model, inputs)
+        assert self._policy_logps is not None
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        tensors = (self._policy_logps, inputs["ref_per_token_logps"], mask)
+        self.kl_inputs = [t.detach().clone() for t in tensors]
+        beta, self.beta = self.beta, 0.0
+        try:
+            with torch.no_grad():
+                without_kl = super()._compute_loss(model, inputs)
+        finally:
+            self.beta = beta
+        self.kl_in_loss = float(loss.detach() - without_kl)
+        return loss
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_k2_kl_in_training(estimator: str, tiny_model: str, retriever_url: str, collection: str,
                            synthetic: dict[str, list[Question]], tmp_path: Path) -> None:  # fmt: skip
+    """ARENA's k2 = ½ (log πθ - log πref)² is what the loss adds and logs, not TRL's k3.
+
+    The policy is made 10x sharper than its reference (final norm scaled), so its sampled tokens
+    sit several nats above the reference, x = log πθ - log πref > 0, where the two estimators part:
+    k2 = x²/2 grows quadratically, k3 = exp(-x) + x - 1 linearly (x = 4: 8 vs 3.02). Both are
+    recomputed by hand from the loss's own log-probs. ``kl_estimator="k3"`` (TRL's) must match k3
+    and not k2: the same assertions tell the two apart in both directions.
+    """
     trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
-                           steps=2, beta=0.1, kl_estimator="k2")  # fmt: skip
-    assert trainer.kl_estimator == "k2" and trainer.ref_model is not None
+                           steps=1, beta=0.1, kl_estimator=estimator)  # fmt: skip
+    assert trainer.kl_estimator == estimator and trainer.ref_model is not None
+    trainer.__class__ = KLProbe
+    with torch.no_grad():
+        trainer.model.model.norm.weight.mul_(10.0)
     trainer.train()
-    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
-    assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 0
+    logps, ref, mask = trainer.kl_inputs
+    x = logps - ref
+    per_token = {"k2": 0.5 * x**2, "k3": torch.exp(-x) + x - 1}
+
+    def sequence_mean(v: torch.Tensor) -> float:  # per sequence over policy tokens, then over sequences
+        return float(((v * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean())
+
+    def token_mean(v: torch.Tensor) -> float:  # over every policy token of the batch (TRL's kl log)
+        return float((v * mask).sum() / mask.sum())
+
+    other = "k3" if estimator == "k2" else "k2"
+    k_mine, k_other = per_token[estimator], per_token[other]
+    low, high = sorted(sequence_mean(k) for k in per_token.values())
+    assert high > 1.5 * low, "k2 and k3 must differ clearly in this batch, or the test cannot tell them apart"
+    # The loss adds beta * (k averaged per sequence, then over sequences) for both estimators (the
+    # grpo aggregation; TRL adds beta * k3 per token before that same aggregation).
+    assert trainer.kl_in_loss == pytest.approx(0.1 * sequence_mean(k_mine), rel=1e-4)
+    assert trainer.kl_in_loss != pytest.approx(0.1 * sequence_mean(k_other), rel=0.2)
+    # The logged kl: ours logs the k2 term it added; TRL logs k3's mean over all policy tokens.
+    (logged,) = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    expected = sequence_mean(k_mine) if estimator == "k2" else token_mean(k_mine)
+    assert logged == pytest.approx(expected, rel=1e-4)
+    assert all(logged != pytest.approx(m(k_other), rel=0.2) for m in (sequence_mean, token_mean))
 
 
 class Capture(HoprlGRPOTrainer):
