@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from hoprl.agent.trajectory import Episode, Step
 from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRag, EvoRagConfig, step_weights
+from hoprl.schemas import Question
 from services.trainer.preference import (
     Item,
     PreferenceConfig,
@@ -231,3 +233,59 @@ def test_save_and_load_give_the_same_scores(model: PreferenceModel, tmp_path: Pa
     loaded = PreferenceModel.load(tmp_path)
     assert loaded.score(texts).shape == (2, 7)
     assert torch.allclose(loaded.score(texts), model.score(texts), atol=1e-6)
+
+
+# --- in the training loop: every EVO-RAG job reaches the preference model -----------------------
+
+
+class ParityEvoRag(EvoRag):
+    """EVO-RAG for a random model: a segment ends at the first space and reads as REFUSE (odd sum of
+    character codes) or BACKTRACK (even), so a group's first steps differ in weighted return: pairs."""
+
+    stop = [" "]  # noqa: RUF012
+
+    def parse(self, segment: str) -> Any:
+        from hoprl.recipes.base import Action
+
+        return Action("refuse") if sum(map(ord, segment)) % 2 else Action("backtrack")
+
+
+@pytest.mark.parametrize("objective", ["grpo", "ppo"])
+def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
+    objective: str, tiny_model: str, retriever_url: str, collection: str,
+    synthetic: dict[str, list[Question]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Algorithm 1 in a job: each step's sibling pairs train the preference model, held-back pairs
+    give preference/eval_accuracy in the registry, and every checkpoint holds the model."""
+    from hoprl.data.synthetic import write_jsonl
+    from hoprl.recipes import RECIPES
+    from hoprl.registry.store import Registry
+    from services.trainer.jobs import run_job, submit
+    from services.trainer.protocol import Hyperparameters, JobRequest
+    from services.trainer.settings import TrainerSettings
+
+    monkeypatch.setitem(RECIPES, "evo-rag", ParityEvoRag)
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, synthetic["train"])
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    settings = TrainerSettings(database_url=url, runs_dir=tmp_path / "runs", retriever_url=retriever_url,
+                               torch_threads=1)  # fmt: skip
+    hp = Hyperparameters(questions_per_step=4, num_generations=4, max_turns=2, max_new_tokens_per_step=8,
+                         token_budget=64, save_steps=2, eval_questions=1, learning_rate=1e-3,
+                         preference_eval_share=0.25)  # fmt: skip
+    request = JobRequest(recipe="evo-rag", objective=objective, model=tiny_model, dataset=str(data),
+                         collection=collection, steps=2, hyperparameters=hp)  # fmt: skip
+    with Registry(settings.database_url) as registry:
+        run_id = submit(registry, request).id
+        assert registry.get_run(run_id).config["hyperparameters"]["preference_model"] is True  # type: ignore[union-attr]
+        run_job(run_id, settings, registry)
+        series = {name: registry.metric_series(run_id, f"preference/{name}")
+                  for name in ("train_pairs", "eval_pairs", "eval_accuracy", "loss")}  # fmt: skip
+        checkpoint = Path(registry.checkpoints(run_id)[-1].path)
+    assert [s for s, _ in series["train_pairs"]] == [1, 2]
+    assert sum(v for _, v in series["train_pairs"]) > 0 and series["loss"]
+    accuracy = [v for _, v in series["eval_accuracy"]]
+    assert accuracy and all(0.0 <= v <= 1.0 for v in accuracy)
+    assert series["eval_pairs"][-1][1] > 0
+    loaded = PreferenceModel.load(checkpoint / "preference")
+    assert loaded.score(["<refuse/>"]).shape == (1, 7)
