@@ -229,6 +229,15 @@ def test_k2_kl_in_training(estimator: str, tiny_model: str, retriever_url: str, 
     assert all(logged != pytest.approx(m(k_other), rel=0.2) for m in (sequence_mean, token_mean))
 
 
+def test_arena_jobs_default_to_the_k2_kl() -> None:
+    """ARENA's objective (DESIGN.md §1): GRPO with the k2 KL, so a job that leaves the estimator
+    unset trains with k2 and a KL at all (beta > 0: at 0 no KL term is added); others keep TRL's k3."""
+    hp = Hyperparameters().resolved("arena")
+    assert hp.kl_estimator == "k2" and hp.beta is not None and hp.beta > 0
+    assert Hyperparameters().resolved("search-r1").kl_estimator == "k3"
+    assert Hyperparameters(kl_estimator="k3").resolved("arena").kl_estimator == "k3"  # a request wins
+
+
 class Capture(HoprlGRPOTrainer):
     """Keeps the batch the loss was computed on (token ids, masks, TRL's advantages)."""
 
