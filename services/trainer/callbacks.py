@@ -13,6 +13,13 @@
   trainer state), ``hoprl_state.json`` is written beside them (step, curriculum state, stage) and
   the checkpoint is registered. A checkpoint without that file is incomplete (the job died while
   saving) and is never resumed from: see :func:`latest_complete_checkpoint`.
+- **attempts**: every start of a job's worker is one attempt, numbered in ``<run dir>/attempt``
+  by :func:`start_attempt` (the worker calls it before ``run_job``), which first deletes what
+  earlier attempts recorded for the steps after the checkpoint it resumes from (episodes,
+  metrics, stage switches, stages, checkpoint rows). Those steps run again, so each step's
+  records come from one attempt: the one whose checkpoint holds the step, or the one that ran it
+  last. The metric ``attempt`` at every step and ``meta["attempt"]`` on every stored GRPO
+  episode say which.
 
 The project's own loops (PPO / DPO in :mod:`services.trainer.offpolicy`, R2AG's rounds in
 :mod:`services.trainer.r2ag_rounds`) write the same layout with :func:`save_loop_checkpoint`
@@ -30,19 +37,60 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sqlalchemy import delete, update
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, TrainerCallback
 
+from hoprl.registry.models import CheckpointRow, EpisodeRow, MetricRow, StageRow, StageSwitchRow
 from hoprl.registry.store import Registry
 
 log = logging.getLogger("hoprl.trainer")
 STATE_FILE = "hoprl_state.json"
+ATTEMPT_FILE = "attempt"
 
 
 def latest_complete_checkpoint(output_dir: Path) -> Path | None:
     """The highest ``checkpoint-N`` folder that holds :data:`STATE_FILE` (fully written)."""
     done = [p for p in output_dir.glob("checkpoint-*") if (p / STATE_FILE).is_file()]
     return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def current_attempt(output_dir: str | Path) -> int:
+    """The number of the run's current attempt (``<output_dir>/attempt``; 1 before any)."""
+    path = Path(output_dir) / ATTEMPT_FILE
+    return int(path.read_text()) if path.is_file() else 1
+
+
+def start_attempt(registry: Registry, run_id: str, output_dir: Path) -> int:
+    """Begin a new attempt at run ``run_id`` and return its number (1, 2, ...).
+
+    The attempt resumes after step ``C``, its latest complete checkpoint's (0 without one: a job
+    that starts from another job's checkpoint has committed nothing of its own yet). Whatever
+    earlier attempts recorded for steps after ``C`` is deleted in one transaction, because this
+    attempt runs those steps again: a killed attempt's episodes would otherwise stay beside the
+    re-run's metrics (episodes are insert-if-absent, metrics overwrite), and a stage switch it
+    made would stay even when the re-run switches elsewhere. Stages opened after ``C`` go, a stage
+    closed after ``C`` is open again, and checkpoint ``C`` is registered if the kill came between
+    writing it and registering it.
+    """
+    checkpoint = latest_complete_checkpoint(output_dir)
+    step = int(json.loads((checkpoint / STATE_FILE).read_text())["step"]) if checkpoint else 0
+    counter = output_dir / ATTEMPT_FILE
+    attempt = int(counter.read_text()) + 1 if counter.is_file() else 1
+    output_dir.mkdir(parents=True, exist_ok=True)
+    counter.write_text(str(attempt))
+    with registry.session() as s:
+        for row in (EpisodeRow, MetricRow, StageSwitchRow, CheckpointRow):
+            s.execute(delete(row).where(row.run_id == run_id, row.step > step))
+        s.execute(delete(StageRow).where(StageRow.run_id == run_id, StageRow.started_at_step > step))
+        reopen = update(StageRow).where(StageRow.run_id == run_id, StageRow.ended_at_step > step)
+        s.execute(reopen.values(ended_at_step=None))
+    if checkpoint is not None:
+        registry.add_checkpoint(run_id, step, str(checkpoint), registry.latest_metrics(run_id))
+    log.info(
+        "run %s: attempt %d, resuming after step %d (records of later steps deleted)", run_id, attempt, step
+    )
+    return attempt
 
 
 def save_loop_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any,
@@ -141,8 +189,12 @@ class RunCallback(TrainerCallback):
     def __init__(self, registry: Registry, run_id: str, curricula: Curricula, rollout: Any = None) -> None:
         self.registry, self.run_id, self.curricula, self.rollout = registry, run_id, curricula, rollout
         self.bar: Any = None
+        self.attempt = 1
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.attempt = current_attempt(args.output_dir)  # numbered by start_attempt before training
+        if self.rollout is not None:
+            self.rollout.attempt = self.attempt
         if self.curricula.stage is not None and self.registry.current_stage(self.run_id) is None:
             self.registry.start_stage(self.run_id, self.curricula.stage, state.global_step)
         self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.run_id, mininterval=0)
@@ -156,6 +208,7 @@ class RunCallback(TrainerCallback):
             metrics.update(self.rollout.step_stats)
             metrics.update({f"dynamic/{k}": float(v) for k, v in self.rollout.counts.items()})
         metrics["step"] = float(state.global_step)
+        metrics["attempt"] = float(self.attempt)
         self.registry.log_metrics(self.run_id, state.global_step, metrics)
         if self.bar is not None:
             self.bar.n = state.global_step

@@ -19,10 +19,23 @@ Every other key of the returned dict reaches the reward functions as a keyword a
 
 **Dynamic sampling (DAPO).** With ``dynamic_sampling`` on, a group whose total rewards have zero
 spread (every sample scored the same, so every GRPO advantage is 0) is dropped and refilled with
-a group for another training question drawn at random, up to ``max_resample`` draws. When every
-draw is flat too, the *original* question's group is kept: its advantages are all 0, so it adds
-no policy gradient (only the KL term when ``beta > 0``). The metrics ``dynamic/resampled`` and
+a group for another training question, up to ``max_resample`` draws. When every draw is flat
+too, the *original* question's group is kept: its advantages are all 0, so it adds no policy
+gradient (only the KL term when ``beta > 0``). The metrics ``dynamic/resampled`` and
 ``dynamic/kept_flat`` count both cases per batch.
+
+The refills are drawn *before* any episode runs, from an RNG keyed by the job's seed, the step
+and the batch's question ids (``random.Random(f"{seed}:resample:{step}:{ids}")``, the pattern of
+the project's own loops): the questions outside the batch, shuffled, dealt round-robin to the
+groups, at most ``max_resample`` each, so no two groups share a refill and none repeats a
+question of the batch. A step's draws therefore depend on nothing but the seed, the step and the
+batch: not on which group finished first, not on the rewards, and not on state a checkpoint
+would have to carry (the old ``Random(seed)`` drew in the order groups finished, and a resumed
+job restarted it from the seed). A job killed mid-run and resumed draws for every step exactly
+what an uninterrupted run draws. Each episode of a group records its plan in
+``meta["dynamic_sampling"]``: the question the group was drawn for (``for``), its refill
+``candidates``, how many it ``tried`` and the ``outcome`` (``spread``, ``resampled`` or
+``kept_flat``).
 """
 
 from __future__ import annotations
@@ -144,7 +157,9 @@ class AgentRollout:
     Args:
         recipe: a recipe instance (its curriculum, if any, is read by its rewards at call time).
         questions: the training pool; prompts are the question texts, refills come from here.
-        sink: called once per batch with the episodes that are trained on (the run registry).
+        sink: called once per batch with the episodes that are trained on (the run registry);
+            with ``attempt`` set (by :class:`~services.trainer.callbacks.RunCallback`), each
+            episode carries it in ``meta["attempt"]``.
     """
 
     def __init__(self, recipe: Any, questions: Sequence[Question], opts: RolloutOptions,
@@ -152,14 +167,13 @@ class AgentRollout:
         self.recipe, self.opts, self.sink = recipe, opts, sink
         self.pool = list(questions)
         self.by_prompt = {q.question: q for q in self.pool}
-        self.rng = random.Random(opts.seed)
         self.reward_funcs = recipe.reward_funcs()
         self.engine: TrainingEngine | None = None
         self.step_stats: dict[str, float] = {}  # rollout_s and episode_stats() of the last step
         self.counts: dict[str, int] = {}
         self.last_totals: list[float] = []
         self.last_episodes: list[Episode] = []
-        self.taken: set[str] = set()
+        self.attempt: int | None = None  # the job's attempt (RunCallback), stamped on episodes
 
     def engine_for(self, trainer: Any) -> TrainingEngine:
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -175,13 +189,19 @@ class AgentRollout:
         weights = [float(w) for w in trainer.reward_weights.tolist()]
         start = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
+        step = trainer.state.global_step + 1
         with generation_mode(model, self.opts.torch_threads):
             engine = self.engine_for(trainer)  # (the engine sets its thread count; restored after)
-            episodes, questions, per, totals = asyncio.run(self.collect(groups, engine, trainer, weights))
+            episodes, questions, per, totals = asyncio.run(
+                self.collect(groups, engine, trainer, weights, step)
+            )
         self.step_stats = {"rollout_s": time.perf_counter() - start, **episode_stats(episodes)}
         self.last_totals, self.last_episodes = totals, episodes
+        if self.attempt is not None:
+            for episode in episodes:
+                episode.meta["attempt"] = self.attempt
         if self.sink is not None:
-            self.sink(trainer.state.global_step + 1, episodes, per, totals)
+            self.sink(step, episodes, per, totals)
         trajectories = [to_token_trajectory(e, trainer.processing_class) for e in episodes]
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
@@ -221,14 +241,20 @@ class AgentRollout:
         return self.by_prompt[text]
 
     async def collect(self, groups: list[Question], engine: TrainingEngine, trainer: Any,
-                      weights: list[float]) -> tuple[list[Episode], list[Question], list[dict[str, float]], list[float]]:  # fmt: skip # noqa: E501
-        """All groups concurrently (the engine batches their decoding), refilling flat groups."""
+                      weights: list[float], step: int | None = None) -> tuple[list[Episode], list[Question], list[dict[str, float]], list[float]]:  # fmt: skip # noqa: E501
+        """All groups concurrently (the engine batches their decoding), refilling flat groups from
+        the plan of optimizer step ``step`` (:meth:`refills`; ``None``: the batch alone keys it)."""
         chat = EngineChat(engine)
         retriever = AsyncRetrieverClient(self.opts.retriever_url)
         self.counts = {"resampled": 0, "kept_flat": 0}
-        self.taken = {q.id for q in groups}  # a refill never repeats a question of the batch
+        plans = self.refills(groups, step)
         try:
-            done = await asyncio.gather(*(self.group(q, chat, retriever, weights) for q in groups))
+            done = await asyncio.gather(
+                *(
+                    self.group(q, plan, chat, retriever, weights)
+                    for q, plan in zip(groups, plans, strict=True)
+                )
+            )
         finally:
             await retriever.aclose()
         out: tuple[list[Episode], list[Question], list[dict[str, float]], list[float]] = ([], [], [], [])
@@ -239,24 +265,40 @@ class AgentRollout:
             out[3].extend(totals)
         return out
 
-    async def group(self, question: Question, chat: EngineChat, retriever: AsyncRetrieverClient,
-                    weights: list[float]) -> tuple[list[Episode], Question, list[dict[str, float]], list[float]]:  # fmt: skip # noqa: E501
-        """One question's group; with dynamic sampling a flat group is replaced (module docstring)."""
-        first = await self.episodes(question, chat, retriever, weights)
-        if not self.opts.dynamic_sampling or spread(first[2]) > 0:
-            return first[0], question, first[1], first[2]
-        for _ in range(self.opts.max_resample):
-            candidates = [q for q in self.pool if q.id not in self.taken]
-            if not candidates:
-                break
-            other = self.rng.choice(candidates)
-            self.taken.add(other.id)
-            eps, per, totals = await self.episodes(other, chat, retriever, weights)
-            if spread(totals) > 0:
-                self.counts["resampled"] += 1
-                return eps, other, per, totals
-        self.counts["kept_flat"] += 1
-        return first[0], question, first[1], first[2]
+    def refills(self, groups: Sequence[Question], step: int | None) -> list[list[Question]]:
+        """Each group's refill candidates at ``step`` (module docstring); ``[]`` each without
+        dynamic sampling. With 8 questions, 2 groups and ``max_resample=3``, the 6 others are
+        shuffled and dealt 3 + 3.
+        """
+        if not self.opts.dynamic_sampling:
+            return [[] for _ in groups]
+        batch = {q.id for q in groups}
+        others = [q for q in self.pool if q.id not in batch]
+        rng = random.Random(f"{self.opts.seed}:resample:{step}:{','.join(q.id for q in groups)}")
+        drawn = rng.sample(others, min(len(others), len(groups) * self.opts.max_resample))
+        return [drawn[i :: len(groups)][: self.opts.max_resample] for i in range(len(groups))]
+
+    async def group(self, question: Question, plan: list[Question], chat: EngineChat,
+                    retriever: AsyncRetrieverClient, weights: list[float]) -> tuple[list[Episode], Question, list[dict[str, float]], list[float]]:  # fmt: skip # noqa: E501
+        """One question's group; with dynamic sampling a flat group is replaced by the first of
+        ``plan`` whose group has spread (module docstring)."""
+        eps, per, totals = await self.episodes(question, chat, retriever, weights)
+        if not self.opts.dynamic_sampling:
+            return eps, question, per, totals
+        result, tried, outcome = (eps, question, per, totals), 0, "spread"
+        if spread(totals) == 0:
+            outcome = "kept_flat"
+            for other in plan:
+                tried += 1
+                eps, per, totals = await self.episodes(other, chat, retriever, weights)
+                if spread(totals) > 0:
+                    result, outcome = (eps, other, per, totals), "resampled"
+                    break
+            self.counts[outcome] += 1
+        trail = {"for": question.id, "candidates": [q.id for q in plan], "tried": tried, "outcome": outcome}
+        for episode in result[0]:
+            episode.meta["dynamic_sampling"] = dict(trail)
+        return result
 
     async def episodes(self, question: Question, chat: EngineChat, retriever: AsyncRetrieverClient,
                        weights: list[float]) -> tuple[list[Episode], list[dict[str, float]], list[float]]:  # fmt: skip # noqa: E501

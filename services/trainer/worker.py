@@ -1,10 +1,13 @@
 """One job in its own process: ``python -m services.trainer.worker RUN_ID``.
 
 The trainer service starts one worker per job, so cancelling a job is ending a process, and a
-job killed with SIGKILL leaves nothing behind but its last complete checkpoint and the episodes
-already in the registry, from which the next worker for the same run resumes. The worker marks
-the run ``running``, then ``succeeded`` or ``failed`` (with the error); logs go to stderr, which
-the service sends to ``<runs_dir>/<run id>/worker.log``.
+job killed with SIGKILL leaves nothing behind but its last complete checkpoint and what it wrote
+to the registry. Each worker is one *attempt* at its run
+(:func:`~services.trainer.callbacks.start_attempt`): it deletes what earlier attempts recorded
+for the steps after the checkpoint it resumes from, then runs those steps again, so every step's
+episodes, metrics and stage switches come from one attempt. The worker marks the run
+``running``, then ``succeeded`` or ``failed`` (with the error); logs go to stderr, which the
+service sends to ``<runs_dir>/<run id>/worker.log``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import sys
 
 from hoprl.registry.store import Registry
+from services.trainer.callbacks import start_attempt
 from services.trainer.jobs import run_job
 from services.trainer.settings import TrainerSettings
 
@@ -31,6 +35,7 @@ def main(argv: list[str]) -> int:
     with Registry(settings.database_url) as registry:
         registry.set_run_status(run_id, "running")
         try:
+            start_attempt(registry, run_id, settings.runs_dir / run_id)
             run_job(run_id, settings, registry)
         except Exception as exc:
             log.exception("run %s failed", run_id)

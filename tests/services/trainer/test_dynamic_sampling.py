@@ -1,10 +1,13 @@
-"""DAPO's dynamic sampling in the rollout: flat groups are refilled, or kept when every draw is flat."""
+"""DAPO's dynamic sampling in the rollout: flat groups are refilled, or kept when every draw is flat;
+the refills a step draws depend on the seed, the step and the batch alone."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.recipes.baselines import SearchR1
@@ -52,13 +55,72 @@ def test_flat_group_is_refilled(tiny_model: str, retriever_url: str, collection:
     assert {e.question_id for e in episodes} == {varied.id}
     assert spread(totals) > 0
     assert rollout.counts == {"resampled": 1, "kept_flat": 0}
+    trail = {"for": flat.id, "candidates": [varied.id], "tried": 1, "outcome": "resampled"}
+    assert all(e.meta["dynamic_sampling"] == trail for e in episodes)
 
 
 def test_group_stays_when_every_draw_is_flat(tiny_model: str, retriever_url: str, collection: str,
                                              synthetic: dict[str, list[Question]]) -> None:  # fmt: skip
     pool = synthetic["train"][:3]
-    rollout, (_, questions, _, totals) = collect(
+    rollout, (episodes, questions, _, totals) = collect(
         VariesOn(set()), [pool[0]], pool, tiny_model, retriever_url, collection
     )
     assert {q.id for q in questions} == {pool[0].id} and totals == [0.0, 0.0, 0.0]
     assert rollout.counts == {"resampled": 0, "kept_flat": 1}
+    # both other questions were tried, in the order of the plan for this (seed, step, batch)
+    (plan,) = rollout.refills([pool[0]], None)
+    assert sorted(q.id for q in plan) == sorted([pool[1].id, pool[2].id])
+    trail = {"for": pool[0].id, "candidates": [q.id for q in plan], "tried": 2, "outcome": "kept_flat"}
+    assert all(e.meta["dynamic_sampling"] == trail for e in episodes)
+
+
+OPTS = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2,
+                      dynamic_sampling=True, max_resample=3, seed=7)  # fmt: skip
+
+
+def ids(plan: list[list[Question]]) -> list[list[str]]:
+    return [[q.id for q in group] for group in plan]
+
+
+def test_refills_depend_only_on_seed_step_and_batch(synthetic: dict[str, list[Question]]) -> None:
+    """A resumed job builds a new rollout: its draws at step 3 must be the killed job's at step 3
+    (the old ``Random(seed)`` in the rollout started over, and drew as groups finished)."""
+    pool = synthetic["train"]  # 8 questions
+    batch = pool[:2]
+    first, resumed = AgentRollout(SearchR1(), pool, OPTS), AgentRollout(SearchR1(), pool, OPTS)
+    first.refills(batch, 1), first.refills(batch, 2)  # the killed job had drawn steps 1 and 2
+    plan = ids(first.refills(batch, 3))
+    assert ids(resumed.refills(batch, 3)) == plan == ids(first.refills(batch, 3))
+    # the 6 questions outside the batch, 3 per group, none twice
+    drawn = [q for group in plan for q in group]
+    assert [len(group) for group in plan] == [3, 3]
+    assert sorted(drawn) == sorted(q.id for q in pool[2:])
+    # another step, seed or batch draws otherwise
+    assert ids(first.refills(batch, 4)) != plan
+    assert ids(AgentRollout(SearchR1(), pool, replace(OPTS, seed=8)).refills(batch, 3)) != plan
+    assert ids(first.refills([pool[0], pool[2]], 3)) != plan
+
+
+@pytest.mark.parametrize(
+    ("pool_size", "groups", "max_resample", "sizes"),
+    [
+        (8, 2, 3, [3, 3]),
+        (8, 2, 1, [1, 1]),
+        (5, 2, 3, [2, 1]),  # 3 others dealt round-robin
+        (3, 3, 3, [0, 0, 0]),  # every question is in the batch
+        (8, 1, 0, [0]),  # max_resample=0: dynamic sampling that never refills
+    ],
+)
+def test_refills_are_dealt_round_robin(synthetic: dict[str, list[Question]], pool_size: int, groups: int,
+                                       max_resample: int, sizes: list[int]) -> None:  # fmt: skip
+    pool = synthetic["train"][:pool_size]
+    rollout = AgentRollout(SearchR1(), pool, replace(OPTS, max_resample=max_resample))
+    plan = rollout.refills(pool[:groups], 1)
+    assert [len(group) for group in plan] == sizes
+    drawn = [q.id for group in plan for q in group]
+    assert len(set(drawn)) == len(drawn) and not set(drawn) & {q.id for q in pool[:groups]}
+
+
+def test_no_refills_without_dynamic_sampling(synthetic: dict[str, list[Question]]) -> None:
+    rollout = AgentRollout(SearchR1(), synthetic["train"], replace(OPTS, dynamic_sampling=False))
+    assert rollout.refills(synthetic["train"][:2], 1) == [[], []]
