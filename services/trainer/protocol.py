@@ -162,12 +162,20 @@ def reward_scaling(hp: Hyperparameters, objective: str) -> str:
     return hp.scale_rewards or ("none" if objective == "dr_grpo" else "group")
 
 
+def _recipe_names(schema: dict[str, Any]) -> None:
+    """Lists the recipes in the OpenAPI document (an enum), imported only when the document is built:
+    the recipes pull in torch, and the trainer's light HTTP client imports this module."""
+    from hoprl.recipes import RECIPES
+
+    schema["enum"] = sorted(RECIPES)
+
+
 class JobRequest(BaseModel):
     """``POST /v1/jobs``: what to train, from where, on what, for how long."""
 
     model_config = ConfigDict(extra="forbid")
 
-    recipe: str = Field(description="a recipe name, e.g. when-to-search")
+    recipe: str = Field(description="a recipe name, e.g. when-to-search", json_schema_extra=_recipe_names)
     objective: Objective = "grpo"
     model: str | None = Field(None, description="HF id or checkpoint folder; unset = the default model")
     dataset: str = Field(
@@ -177,7 +185,7 @@ class JobRequest(BaseModel):
         None, description="retriever collection; unset = index the dataset's paragraphs"
     )
     steps: int = Field(10, ge=1, le=1_000_000, description="optimizer steps")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="the run registry keeps it as a 32-bit integer")
     resume_from: str | None = Field(
         None, description="a job id (its latest checkpoint) or a checkpoint folder"
     )

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 
 from hoprl.recipes import RECIPES
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
-from services.errors import ERROR_RESPONSES, ApiError
+from services.errors import ERROR_RESPONSES, ApiError, find_value
 from services.trainer.admission import admit
 from services.trainer.jobs import submit
 from services.trainer.protocol import Checkpoint, Job, JobCreated, JobRequest, JobStatus
@@ -17,6 +19,14 @@ from services.trainer.queue import JobQueue
 
 router = APIRouter(responses=ERROR_RESPONSES)
 JobId = Annotated[str, Path(description="the id POST /v1/jobs returned")]
+# OpenAPI links: what a created job's id leads to (schemathesis' stateful tests follow them)
+JOB_LINKS = {
+    name: {"operationId": operation, "parameters": {"job_id": "$response.body#/id"}}
+    for name, operation in (("GetJob", "get_job"), ("CancelJob", "cancel_job"))
+}
+CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {**ERROR_RESPONSES[404], "description": "the job already finished"}
+}
 
 
 def _registry(request: Request) -> Registry:
@@ -29,7 +39,27 @@ def _queue(request: Request) -> JobQueue:
     return queue
 
 
+def _unstorable(value: Any) -> bool:
+    """A value the run registry cannot store: NUL in a string, a NaN or infinite number."""
+    if isinstance(value, str):
+        return "\x00" in value
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _storable(body: JobRequest) -> None:
+    """422 for any value of the request the registry cannot hold (the whole request is stored).
+
+    PostgreSQL's text and JSONB cannot hold a NUL character, and JSON has no NaN or Infinity
+    (Python's ``json`` reads them); either would fail the insert after validation had passed.
+    """
+    where = find_value(body.model_dump(), ("body",), _unstorable)
+    if where is not None:
+        message = "a NUL character (\\u0000), NaN or Infinity cannot be stored in the run registry"
+        raise RequestValidationError([{"type": "value_error", "loc": where, "msg": message}])
+
+
 def _validate(body: JobRequest, registry: Registry) -> None:
+    _storable(body)
     if body.recipe not in RECIPES:
         raise ApiError(
             422, "unknown_recipe", f"unknown recipe {body.recipe!r}; valid recipes: {sorted(RECIPES)}"
@@ -63,7 +93,8 @@ def job_view(run: RunRow, registry: Registry) -> Job:
     )  # fmt: skip
 
 
-@router.post("/v1/jobs", operation_id="create_job", status_code=201)
+@router.post("/v1/jobs", operation_id="create_job", status_code=201,
+             responses={201: {"description": "the job is queued", "links": JOB_LINKS}})  # fmt: skip
 def create_job(body: JobRequest, request: Request) -> JobCreated:
     """Queue a training job; it starts when the trainer is free (one job at a time)."""
     registry = _registry(request)
@@ -93,7 +124,7 @@ def list_jobs(
     return [job_view(r, registry) for r in registry.list_runs(status=status, limit=limit, kind="job")]
 
 
-@router.post("/v1/jobs/{job_id}/cancel", operation_id="cancel_job")
+@router.post("/v1/jobs/{job_id}/cancel", operation_id="cancel_job", responses=CONFLICT)
 def cancel_job(job_id: JobId, request: Request) -> Job:
     """Cancel a queued job, or stop the running one (its checkpoints stay)."""
     registry = _registry(request)

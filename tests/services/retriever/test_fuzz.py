@@ -1,31 +1,37 @@
-"""Fuzz the retriever's OpenAPI spec: no 5xx, and every 4xx carries a JSON error body."""
+"""Fuzz the retriever on both embedded engines from its OpenAPI document (:mod:`tests.fuzz`): no
+5xx, only declared answers, JSON error bodies; stateful scenarios follow the document's links
+(create a collection, ingest into it, search it, read it, delete it)."""
 
 from __future__ import annotations
 
-import schemathesis
-from hypothesis import HealthCheck, given, settings
+from collections.abc import Callable
 
-EXAMPLES_PER_OPERATION = 25
+from hoprl.clients.retriever import RetrieverClient
+from tests.fuzz import examples, fuzz, save
+
+from .conftest import CORPUS
+
+
+def restore(url: str) -> Callable[[], None]:
+    """Back to the fixture's state: only the ``tiny`` collection, with its documents."""
+
+    def reset() -> None:
+        with RetrieverClient(url) as client:
+            for info in client.collections():
+                if info.name != "tiny":
+                    client.delete(info.name)
+            client.ingest("tiny", CORPUS)
+
+    return reset
 
 
 def test_no_server_errors(service: str) -> None:
-    schema = schemathesis.openapi.from_url(f"{service}/openapi.json")
-    operations = [result.ok() for result in schema.get_all_operations()]
-    statuses: list[int] = []
-    assert len(operations) >= 8, [op.label for op in operations]
-    for operation in operations:
-
-        @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck))
-        def check(case: schemathesis.Case) -> None:
-            response = case.call()
-            statuses.append(response.status_code)
-            assert response.status_code < 500, (case.method, case.path, response.text)
-            if response.status_code >= 400:
-                body = response.json()
-                assert {"error", "message"} <= set(body), body
-
-        check()
-    # The fuzzer really called the service, and reached both accepted and rejected requests.
-    assert len(statuses) > 5 * len(operations)
-    assert any(s < 300 for s in statuses) and any(400 <= s < 500 for s in statuses)
+    report = fuzz(service, "retriever", examples(20), stateful_scenarios=examples(20), reset=restore(service))
+    save(report)
+    assert report.failures == [], "\n".join(report.failures)
+    assert len(report.per_operation) >= 9 and report.statuses[200] > 0 and report.statuses[422] > 0
+    # The scenarios went create -> use -> read -> delete through the links of the OpenAPI document.
+    followed = " ".join(report.transitions)
+    links = ["PUT /v1/collections/{name} -> [200] ", "] IngestDocuments ", "] Search ", "] GetCollection "]
+    for link in [*links, "] DeleteCollection "]:
+        assert link in followed, sorted(report.transitions)

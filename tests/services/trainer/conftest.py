@@ -6,6 +6,7 @@ the real tokenizer and chat template, so masks and episodes are the production o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from hoprl.data.synthetic import generate
 from hoprl.evaluation import corpus_collection, ensure_indexed
 from hoprl.schemas import Question
 from services.policy.model import resolve_model
+from tests.postgres import admin_url_or_skip, fresh_database
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,3 +67,10 @@ def collection(retriever_url: str, synthetic: dict[str, list[Question]]) -> str:
     with RetrieverClient(retriever_url) as client:
         ensure_indexed(client, name, documents)
     return name
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh database on the real PostgreSQL for this session's trainer services (skips without one)."""
+    with fresh_database(admin_url_or_skip()) as url:
+        yield url.render_as_string(hide_password=False)

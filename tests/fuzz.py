@@ -1,0 +1,220 @@
+"""Fuzz a live service from its own OpenAPI document, the same way for all four services.
+
+:func:`fuzz` loads ``<url>/openapi.json`` with schemathesis and sends every operation
+schema-valid requests (positive) and schema-breaking ones (negative: wrong types, missing
+fields), then runs stateful scenarios that follow the document's links (create a job, read it,
+cancel it; create a collection, ingest, search, delete it). Every response is checked:
+
+- no 5xx (schemathesis' ``not_a_server_error``);
+- the status code, content type and body are the ones the operation declares in its OpenAPI
+  (``status_code_conformance``, ``content_type_conformance``, ``response_schema_conformance``);
+- every 4xx carries a JSON error body: ``{"error", "message"}``, or OpenAI's
+  ``{"error": {"message", ...}}`` on the OpenAI-compatible routes.
+
+A failed check does not stop the run: each is recorded with a curl command that repeats the
+request, so one run reports every problem it met (:class:`FuzzReport`).
+
+Generation is deterministic: Hypothesis runs with ``derandomize=True`` and no example database,
+so the same code sends the same requests and a green run stays green. ``make test`` runs a few
+dozen cases per operation; ``make fuzz`` runs the same code with thousands (``FUZZ_EXAMPLES``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from hoprl.clients.http import API_KEY_ENV
+
+#: the checks every response must pass (our JSON-error-body check runs beside them)
+CHECKS = [
+    schemathesis.checks.not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+#: cases per operation and mode in the default test run; ``make fuzz`` raises it
+QUICK_EXAMPLES = 25
+
+
+def examples(default: int = QUICK_EXAMPLES) -> int:
+    """Cases per operation and mode (and stateful scenarios): ``$FUZZ_EXAMPLES`` (``make fuzz``)
+    or ``default``."""
+    return int(os.environ.get("FUZZ_EXAMPLES") or default)
+
+
+def save(report: FuzzReport) -> None:
+    """Append the report's summary to ``$FUZZ_REPORT`` when set (``make fuzz`` prints the file)."""
+    path = os.environ.get("FUZZ_REPORT")
+    if path:
+        with open(path, "a") as out:
+            out.write(report.summary() + "\n")
+
+
+def deterministic(max_examples: int, **extra: Any) -> settings:
+    """Hypothesis settings that send the same requests on every run."""
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,  # the seed comes from the test, not the clock
+        database=None,  # no replay of earlier failures: a run depends on the code alone
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],  # failures are recorded, not shrunk
+        print_blob=False,
+        **extra,
+    )
+
+
+@dataclass
+class FuzzReport:
+    """What one fuzz run sent and saw."""
+
+    service: str
+    statuses: Counter[int] = field(default_factory=Counter)
+    per_operation: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    transitions: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def cases(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def server_errors(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status >= 500)
+
+    def summary(self) -> str:
+        by_class = Counter(f"{status // 100}xx" for status in self.statuses.elements())
+        return (
+            f"{self.service}: {self.cases} cases over {len(self.per_operation)} operations "
+            f"({min(self.per_operation.values(), default=0)}-{max(self.per_operation.values(), default=0)} "
+            f"each), {dict(sorted(by_class.items()))}, {self.server_errors} server errors, "
+            f"{sum(self.transitions.values())} link transitions, {len(self.failures)} failed checks"
+        )
+
+    def record(self, case: schemathesis.Case, response: Any, headers: dict[str, str]) -> None:
+        """Count the response and run every check on it; a failure is kept, not raised."""
+        self.statuses[response.status_code] += 1
+        self.per_operation[case.operation.label] += 1
+        problems = []
+        try:
+            case.validate_response(response, checks=CHECKS, headers=headers)
+        except Exception as exc:  # schemathesis raises one group of every failed check
+            problems.append(str(exc).strip())
+        problem = error_body_problem(response)
+        if problem:
+            problems.append(problem)
+        if problems and len(self.failures) < 50:
+            curl = case.as_curl_command(headers=headers)
+            self.failures.append(f"{case.operation.label}: {' | '.join(problems)}\n  {curl}")
+
+
+def error_body_problem(response: Any) -> str | None:
+    """Why a 4xx/5xx body is not one of our two JSON error shapes, or None."""
+    if response.status_code < 400:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return f"{response.status_code} without a JSON body: {response.text[:200]!r}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):  # OpenAI's envelope
+        return None if isinstance(error.get("message"), str) else f"no error.message: {body}"
+    if isinstance(error, str) and isinstance(body.get("message"), str):
+        return None
+    return f"{response.status_code} body is not an error body: {str(body)[:200]}"
+
+
+def auth_headers() -> dict[str, str]:
+    """``Authorization`` for services started with ``HOPRL_API_KEY`` set, else nothing."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _takes_input(operation: Any) -> bool:
+    """Whether a negative case can break anything: a body, a path or query parameter."""
+    return bool(operation.body or operation.path_parameters or operation.query)
+
+
+def fuzz(
+    url: str,
+    service: str,
+    max_examples: int | None = None,
+    stateful_scenarios: int = 0,
+    timeout: float = 60.0,
+    operations: Callable[[Any], bool] = lambda operation: True,
+    reset: Callable[[], None] | None = None,
+) -> FuzzReport:
+    """Fuzz every operation of the service at ``url`` (positive, then negative), then run
+    ``stateful_scenarios`` link-following scenarios; returns the report (it raises nothing).
+
+    ``reset`` puts the service back in one state before every scenario (e.g. empties its tables):
+    a scenario's next rule depends on what earlier answers returned, so scenarios that started
+    from whatever the previous one left would draw differently from run to run.
+    """
+    n = max_examples if max_examples is not None else examples()
+    headers = auth_headers()
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=headers)
+    results = list(schema.get_all_operations())
+    broken = [str(r) for r in results if not isinstance(r, Ok)]
+    report = FuzzReport(service, failures=[f"unusable operation: {b}" for b in broken])
+    for result in results:
+        if not isinstance(result, Ok) or not operations(result.ok()):
+            continue
+        operation = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            if mode == GenerationMode.NEGATIVE and not _takes_input(operation):
+                continue
+
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @deterministic(n)
+            def run(case: schemathesis.Case) -> None:
+                response = case.call(headers=headers, timeout=timeout)
+                report.record(case, response, headers)
+
+            run()
+    if stateful_scenarios:
+        stateful(schema, report, stateful_scenarios, headers, timeout, reset)
+    return report
+
+
+def stateful(
+    schema: Any,
+    report: FuzzReport,
+    scenarios: int,
+    headers: dict[str, str],
+    timeout: float,
+    reset: Callable[[], None] | None = None,
+) -> None:
+    """Scenarios of several calls that follow the OpenAPI links (create -> read -> delete)."""
+
+    class Machine(schema.as_state_machine()):  # type: ignore[misc]
+        def setup(self) -> None:
+            if reset is not None:
+                reset()
+
+        def step(self, input: Any) -> Any:
+            if input.transition is not None:
+                report.transitions[input.transition.id] += 1
+            return super().step(input)
+
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return {"headers": headers, "timeout": timeout}
+
+        def validate_response(self, response: Any, case: schemathesis.Case, **kwargs: Any) -> None:
+            report.record(case, response, headers)
+
+    Machine.run(settings=deterministic(scenarios, stateful_step_count=6))
