@@ -86,6 +86,17 @@ def test_n_choices_stream_side_by_side(client: openai.OpenAI) -> None:
     assert texts == [c.message.content for c in whole.choices] and texts[0] != texts[1]
 
 
+def test_a_stream_with_logprobs_carries_them(client: openai.OpenAI) -> None:
+    """Log-probs are known once decoding ends, so these chunks come then, each with its tokens'."""
+    kwargs: dict[str, Any] = {"model": MODEL, "messages": HELLO, "max_tokens": 6, "temperature": 0}
+    whole = client.chat.completions.create(logprobs=True, **kwargs).choices[0]
+    chunks = [c for _, c in timed(client.chat.completions.create, logprobs=True, **kwargs) if c.choices]
+    pieces = [c.choices[0] for c in chunks if c.choices[0].delta.content]
+    assert "".join(p.delta.content or "" for p in pieces) == whole.message.content
+    tokens = [t.token for p in pieces for t in ((p.logprobs and p.logprobs.content) or [])]
+    assert whole.logprobs is not None and tokens == [t.token for t in whole.logprobs.content or []]
+
+
 @pytest.mark.parametrize(
     ("text", "stop", "held"),
     [
