@@ -107,6 +107,9 @@ def contains_unnegated(prediction: str, references: list[str]) -> bool:
     """A reference occurs in ``prediction`` as whole normalised words, at least once *not* after a
     negation cue of its clause. Both sides should already be :func:`fold` ed.
 
+    Only cues *before* the reference count: "Paris and not Lyon" must affirm Paris, so a trailing
+    negation ("Paris is not it") is not read; such answers are rare, and an LLM judge reads them.
+
     >>> contains_unnegated("paris, france", ["paris"]), contains_unnegated("not paris", ["paris"])
     (True, False)
     >>> contains_unnegated("it is not lyon but paris", ["paris"])
