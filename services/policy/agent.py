@@ -4,6 +4,11 @@ The episode runner (:mod:`hoprl.agent.runner`) talks to a model through ``chat()
 :class:`EngineChat`, an adapter with :class:`hoprl.clients.llm.LLMClient`'s signature that calls the
 service's own engine instead of HTTP to itself. It restores stop text by the client's rule, so an
 episode served here equals one run against the service over HTTP.
+
+``/v1/answer`` decodes each step under the recipe's action grammar (:class:`Constraint`,
+:mod:`hoprl.agent.grammar`; ``POLICY_CONSTRAINED_DECODING``, on by default, or the request's
+``constrained``), so every step parses to an action. ``/v1/rollouts`` never does: training must
+see the policy's own mistakes.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ import time
 import uuid
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+import openai
 from starlette.concurrency import run_in_threadpool
 
+from hoprl.agent.grammar import Grammar, Turn, grammar
 from hoprl.agent.runner import run_episode
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.agent.trajectory import Episode, TokenTrajectory
@@ -59,10 +67,36 @@ def completions(gens: list[Generation], stop: list[str], logprobs: bool) -> list
 
 def sampling_params(
     stop: list[str], max_tokens: int, temperature: float, top_p: float, seed: int | None, n: int,
-    logprobs: bool, deadline: float | None = None,
+    logprobs: bool, deadline: float | None = None, grammar: str | None = None,
 ) -> SamplingParams:  # fmt: skip
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=n, stop=tuple(stop),
-                          seed=seed, logprobs=logprobs, deadline=deadline)  # fmt: skip
+                          seed=seed, logprobs=logprobs, deadline=deadline, grammar=grammar)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Serve an episode under its recipe's action grammar (:mod:`hoprl.agent.grammar`).
+
+    Args:
+        recipe: the recipe's name (its grammar family).
+        max_steps: the episode's step cap; the step that reaches it may only end the episode.
+        step_tokens: the runner's full ``max_tokens`` per step. A call asking for fewer tokens
+            means the episode's token budget is nearly spent, so that step may only end it too.
+    """
+
+    recipe: str
+    max_steps: int
+    step_tokens: int
+
+    def grammar(self, messages: Messages, step: int, max_tokens: int) -> Grammar | None:
+        """The grammar of step ``step`` (0-based) after ``messages``; None when even its tags do not
+        fit in ``max_tokens`` (that step decodes free and the response says so)."""
+        after_information = len(messages) >= 2 and messages[-2]["role"] == "assistant"
+        final = step + 1 >= self.max_steps or max_tokens < self.step_tokens
+        try:
+            return grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after_information, final))
+        except ValueError:
+            return None
 
 
 class EngineChat:
@@ -71,13 +105,20 @@ class EngineChat:
     Args:
         deadline: ``time.monotonic()`` after which generation stops (the request's timeout).
         logprobs: always ask the engine for log-probs (rollouts), whatever the runner asks.
+        constraint: decode each step under the recipe's grammar (serving only; None = free, as
+            rollouts and training always are).
 
-    Every call's generation is kept in ``calls`` (one per runner step, in order).
+    Every call's generation is kept in ``calls`` (one per runner step, in order) and the name of
+    the grammar it was decoded under in ``grammars`` (None: free).
     """
 
-    def __init__(self, engine: Engine, deadline: float | None = None, logprobs: bool = False) -> None:
-        self.engine, self.deadline, self.logprobs = engine, deadline, logprobs
+    def __init__(
+        self, engine: Engine, deadline: float | None = None, logprobs: bool = False,
+        constraint: Constraint | None = None,
+    ) -> None:  # fmt: skip
+        self.engine, self.deadline, self.logprobs, self.constraint = engine, deadline, logprobs, constraint
         self.calls: list[Generation] = []
+        self.grammars: list[str | None] = []
 
     async def chat(
         self,
@@ -92,10 +133,12 @@ class EngineChat:
         logprobs: bool = False,
     ) -> list[Completion]:
         stop = list(stop or [])
+        rule = self.constraint.grammar(messages, len(self.calls), max_tokens) if self.constraint else None
         params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs or self.logprobs,
-                                 self.deadline)  # fmt: skip
+                                 self.deadline, rule.lark if rule else None)  # fmt: skip
         gens = await self.generate(messages, params)
         self.calls.extend(gens)
+        self.grammars.extend([rule.name if rule else None] * len(gens))
         return completions(gens, stop, logprobs)
 
     async def generate(self, messages: Messages, params: SamplingParams) -> list[Generation]:
@@ -285,6 +328,10 @@ class Policy:
             raise ApiError(503, "retriever_unavailable", f"the retriever did not answer: {exc}") from None
         except ServiceError as exc:
             raise ApiError(502, "retriever_error", f"the retriever answered {exc}") from None
+        except openai.APIError as exc:  # engine=openai: the remote model server failed a step
+            raise ApiError(
+                502, "engine_error", f"the model server at {self.settings.openai_base_url} failed: {exc}"
+            ) from None
 
     async def answer(self, body: AnswerRequest) -> AnswerResponse:
         s = self.settings
@@ -297,7 +344,8 @@ class Policy:
         collection = body.collection or s.default_collection
         await self.check_collection(collection)
         q = Question(id=uuid.uuid4().hex, dataset="api", split="serve", question=question)
-        chat = EngineChat(self.engine, deadline=time.monotonic() + s.request_timeout_s)
+        constraint = self.constraint(body, recipe, max_steps)
+        chat = EngineChat(self.engine, deadline=time.monotonic() + s.request_timeout_s, constraint=constraint)
         with self.admitted():
             run = self.episode(
                 recipe, q, collection, chat, max_steps=max_steps, temperature=0.0,
@@ -317,7 +365,26 @@ class Policy:
             recipe=recipe.name,
             outcome=ep.outcome,
             model=self.model_id,
+            constrained=bool(chat.grammars) and None not in chat.grammars,
+            grammar=chat.grammars[0] if chat.grammars and None not in chat.grammars else None,
         )
+
+    def constraint(self, body: AnswerRequest, recipe: Any, max_steps: int) -> Constraint | None:
+        """The grammar constraint of an answer request: the request's ``constrained``, else the
+        setting (on by default); an engine that cannot constrain serves free unless the request asks."""
+        wanted = self.settings.constrained_decoding if body.constrained is None else body.constrained
+        if not wanted:
+            return None
+        if not self.engine.constrains:
+            if body.constrained:
+                raise ApiError(
+                    422, "constraint_unsupported",
+                    f"the {self.settings.engine} engine cannot constrain decoding to a grammar; "
+                    "send constrained=false",
+                )  # fmt: skip
+            return None
+        cap = min(max_steps, getattr(recipe, "max_steps", max_steps))
+        return Constraint(recipe.name, cap, self.settings.max_tokens_per_step)
 
     async def rollouts(self, body: RolloutRequest) -> list[Rollout]:
         s, sp = self.settings, body.sampling

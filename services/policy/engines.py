@@ -12,20 +12,20 @@ the service runs. Conventions shared by all three:
 - ``finish_reason`` is ``"stop"`` (end of sequence or stop string) or ``"length"`` (``max_tokens``,
   or the request's deadline passed).
 
-The transformers engine serves concurrent callers with *flat combining*: each call queues its job,
-and whichever caller holds the engine lock decodes every compatible queued job in one left-padded
-batch. Same-parameter requests from many clients thus share a batch (the throughput of batch 8
-is several times that of batch 1 on a CPU); seeded requests run alone so their output is
-reproducible.
+The transformers engine batches concurrent callers *continuously* (:mod:`services.policy.decoding`):
+a call joins the running batch as soon as its prompt is prefilled, and every row leaves it when it
+ends, whatever the sampling parameters of the others; seeded calls run alone so their output is
+reproducible. ``SamplingParams.grammar`` (a Lark grammar) constrains decoding: the transformers
+engine masks tokens with llguidance, vLLM passes it to its structured outputs (same library, same
+grammar text); the remote OpenAI engine cannot (``constrains = False``).
 """
 
 from __future__ import annotations
 
 import gc
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Prompt = str | list[dict[str, Any]]
@@ -53,6 +53,7 @@ class SamplingParams:
     top_logprobs: int = 0
     deadline: float | None = None
     on_text: Callable[[int, str], None] | None = field(default=None, compare=False, repr=False)
+    grammar: str | None = None  # Lark text every choice must follow (hoprl.agent.grammar); None = free
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Engine(Protocol):
 
     model_path: str
     tokenizer: Any | None
+    constrains: bool  # whether SamplingParams.grammar is enforced
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         """``params.n`` generations per prompt, in prompt order."""
@@ -95,31 +97,22 @@ def find_stop(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
 # -- transformers ----------------------------------------------------------------------------------
 
 
-@dataclass
-class _Job:
-    rows: list[list[int]]
-    params: SamplingParams
-    done: threading.Event = field(default_factory=threading.Event)
-    result: list[Generation] = field(default_factory=list)
-    error: BaseException | None = None
-
-    def key(self) -> tuple[Any, ...] | None:
-        """Jobs with equal keys decode together; seeded jobs never share a batch (``None``)."""
-        if self.params.seed is not None:
-            return None
-        return (replace(self.params, deadline=None, n=1),)
-
-
 class TransformersEngine:
     """Any causal LM transformers loads, on CPU (or a GPU when torch sees one).
+
+    Concurrent calls share one continuously batched decoding loop
+    (:class:`services.policy.decoding.Batcher`): a call joins the batch as soon as its prompt is
+    prefilled and each row leaves it the moment it ends, whatever the other rows' parameters.
 
     Args:
         path: HF id or checkpoint folder.
         threads: torch threads; 1 decodes fastest on a 2-core machine (2 threads measured 3-5x slower).
-        max_batch: rows (prompts x n) decoded together at most.
+        max_batch: rows (prompts x n) decoded together at most (one call with more runs alone).
         autocast: decode under bf16 autocast (weights stay in ``dtype``): about 1.1x faster on CPUs
             with AMX (``bench/precision.py``); the tokens can differ from fp32 decoding at near-ties.
     """
+
+    constrains = True  # SamplingParams.grammar is enforced (llguidance)
 
     def __init__(
         self, path: str, dtype: str = "float32", threads: int = 1, max_batch: int = 16, autocast: bool = False
@@ -128,11 +121,10 @@ class TransformersEngine:
 
         torch.set_num_threads(threads)
         self.dtype, self.max_batch, self.autocast = dtype, max_batch, autocast
-        self.lock = threading.Lock()  # held while decoding; flat combining hands queued jobs over
-        self.queue_lock = threading.Lock()
-        self.queue: list[_Job] = []
+        self.lock = threading.Lock()  # guards the swap of model, tokenizer and batcher
         self.model: Any = None
         self.tokenizer: Any = None
+        self.batcher: Any = None
         self.model_path = ""
         self.load(path)
 
@@ -140,24 +132,31 @@ class TransformersEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from services.policy.decoding import Batcher
+
         dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        with self.lock:  # the new weights are ready: swap between two batches
+        batcher = Batcher(model, tokenizer, self.max_batch, self.autocast)
+        with self.lock:  # new calls go to the new weights; calls in flight end on the old ones
+            old, self.batcher = self.batcher, batcher
             self.model, self.tokenizer, self.model_path = model, tokenizer, path
+        if old is not None:
+            old.retire()
 
     def close(self) -> None:
         with self.lock:
-            self.model = None
+            batcher, self.batcher, self.model = self.batcher, None, None
+        if batcher is not None:
+            batcher.close()
         gc.collect()
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Prompt, tokenizer: Any = None) -> list[int]:
         """Token ids of a raw prompt, or of chat messages under the chat template (ValueError if none)."""
-        tok = self.tokenizer
+        tok = tokenizer or self.tokenizer
         if isinstance(prompt, str):
             return list(tok(prompt)["input_ids"])
         if not tok.chat_template:
@@ -166,9 +165,34 @@ class TransformersEngine:
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
-        # Encoding happens outside the lock, so new jobs queue up while a batch decodes.
-        encoded = [self.encode(p) for p in prompts]
-        context = self.model.config.max_position_embeddings
+        from services.policy.decoding import Retired
+
+        while True:
+            with self.lock:
+                batcher = self.batcher
+            if batcher is None:
+                raise RuntimeError("the engine is closed")
+            call = self._call(batcher, prompts, params)
+            try:
+                batcher.run(call)
+                break
+            except Retired:  # a checkpoint switch between our two lines: encode for the new model
+                continue
+        if call.error is not None:
+            raise call.error
+        results = [row.result for row in call.rows]
+        return [results[i : i + params.n] for i in range(0, len(results), params.n)]
+
+    def _call(self, batcher: Any, prompts: Sequence[Prompt], params: SamplingParams) -> Any:
+        """The rows of one call (encoded, checked against the context, each with its matcher/stream)."""
+        import torch
+
+        from services.policy.decoding import Call, Row
+        from services.policy.streaming import TextStream
+
+        tok = batcher.tokenizer
+        encoded = [self.encode(p, tok) for p in prompts]
+        context = batcher.model.config.max_position_embeddings
         for ids in encoded:
             if not ids:
                 raise ValueError("the prompt is empty; send at least one token of text")
@@ -177,159 +201,18 @@ class TransformersEngine:
                     f"the prompt has {len(ids)} tokens; with max_tokens={params.max_tokens} that exceeds "
                     f"the model's context of {context} tokens"
                 )
-        job = _Job([ids for ids in encoded for _ in range(params.n)], params)
-        with self.queue_lock:
-            self.queue.append(job)
-        with self.lock:  # whoever holds the lock serves queued jobs until its own is done
-            while not job.done.is_set():
-                self._serve(self._take())
-        if job.error is not None:
-            raise job.error
-        return [job.result[i : i + params.n] for i in range(0, len(job.result), params.n)]
-
-    def _take(self) -> list[_Job]:
-        """The oldest queued job plus the queued jobs that may share its batch."""
-        with self.queue_lock:
-            first = self.queue.pop(0)
-            jobs, rows, key = [first], len(first.rows), first.key()
-            for job in list(self.queue):
-                if key is not None and job.key() == key and rows + len(job.rows) <= self.max_batch:
-                    self.queue.remove(job)
-                    jobs.append(job)
-                    rows += len(job.rows)
-        return jobs
-
-    def _serve(self, jobs: list[_Job]) -> None:
-        import torch
-
-        try:
-            params = jobs[0].params
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            rows = [(row, job.params.deadline) for job in jobs for row in job.rows]
-            sinks = [_sink(job.params.on_text, i) for job in jobs for i in range(len(job.rows))]
-            out: list[Generation] = []
-            for i in range(0, len(rows), self.max_batch):
-                out += self._batch(rows[i : i + self.max_batch], params, sinks[i : i + self.max_batch])
-            for job in jobs:
-                job.result, out = out[: len(job.rows)], out[len(job.rows) :]
-        except Exception as exc:  # handed to every caller of the batch, which re-raises it
-            for job in jobs:
-                job.error = exc
-        for job in jobs:
-            job.done.set()
-
-    def _batch(
-        self,
-        rows: list[tuple[list[int], float | None]],
-        params: SamplingParams,
-        sinks: Sequence[Callable[[str], None] | None] = (),
-    ) -> list[Generation]:
-        import torch
-        from transformers import GenerationConfig, StoppingCriteriaList
-
-        tok, pad = self.tokenizer, self.tokenizer.pad_token_id
-        width = max(len(ids) for ids, _ in rows)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in rows])
-        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in rows])
-        sample = params.temperature > 0
-        config = GenerationConfig(
-            max_new_tokens=params.max_tokens,
-            do_sample=sample,
-            temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=0 if sample else None,  # OpenAI semantics: no top-k (transformers defaults to 50)
-            pad_token_id=pad,
-            eos_token_id=self.model.generation_config.eos_token_id or tok.eos_token_id,
-            return_dict_in_generate=True,
-            output_logits=params.logprobs,
-            stop_strings=list(params.stop) or None,
-        )
-        deadlines = [d for _, d in rows]
-        criteria = StoppingCriteriaList([_Deadline(deadlines)] if any(deadlines) else [])
-        device = self.model.device.type
-        with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16, enabled=self.autocast):
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                generation_config=config,
-                stopping_criteria=criteria,
-                tokenizer=tok,
-                streamer=self._streamer(sinks, params),
-            )
-        new = out.sequences[:, width:]
-        logp = torch.stack(out.logits, dim=1).float().log_softmax(-1) if params.logprobs else None
-        return [
-            self._decode(new[b].tolist(), None if logp is None else logp[b], params, len(rows[b][0]))
-            for b in range(len(rows))
-        ]
-
-    def _streamer(self, sinks: Sequence[Callable[[str], None] | None], params: SamplingParams) -> Any:
-        """A :class:`~services.policy.streaming.RowStreamer` for the rows that stream; None if none does."""
-        if not any(sinks):
-            return None
-        from services.policy.streaming import RowStreamer, TextStream
-
-        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
-        ends = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.pad_token_id}
-        return RowStreamer([sink and TextStream(self.tokenizer, ends, params.stop, sink) for sink in sinks])
-
-    def _decode(self, ids: list[int], logp: Any, params: SamplingParams, prompt_len: int) -> Generation:
-        tok = self.tokenizer
-        eos = self.model.generation_config.eos_token_id or tok.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tok.pad_token_id}
-        end = next((i for i, t in enumerate(ids) if t in eos_ids), None)
-        finish = "stop" if end is not None else "length"
-        ids = ids[:end]
-        text = tok.decode(ids, skip_special_tokens=True)
-        stop_reason = None
-        hit = find_stop(text, params.stop)
-        if hit is not None:
-            pos, stop_reason = hit
-            finish, text = "stop", text[:pos]
-            ids = ids[: self._tokens_through(ids, pos + len(stop_reason))]
-        gen = Generation(
-            text, finish, stop_reason, ids, [tok.decode([t]) for t in ids], prompt_tokens=prompt_len
-        )
-        if logp is not None:
-            rows = logp[: len(ids)]
-            gen.logprobs = [float(rows[i, t]) for i, t in enumerate(ids)]
-            if params.top_logprobs:
-                values, indices = rows.topk(params.top_logprobs, dim=-1)
-                gen.top_logprobs = [
-                    {tok.decode([int(i)]): float(v) for v, i in zip(vs, ix, strict=True)}
-                    for vs, ix in zip(values, indices, strict=True)
-                ]
-        return gen
-
-    def _tokens_through(self, ids: list[int], chars: int) -> int:
-        """The fewest leading tokens of ``ids`` whose decoded text is at least ``chars`` long."""
-        lo, hi = 1, len(ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if len(self.tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= chars:
-                hi = mid
-            else:
-                lo = mid + 1
-        return hi
+        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        call = Call(params, generator=generator)
+        for choice, ids in enumerate(ids for ids in encoded for _ in range(params.n)):
+            sink = _sink(params.on_text, choice)
+            stream = sink and TextStream(tok, batcher.eos, params.stop, sink)
+            call.rows.append(Row(call, ids, batcher.matcher(params.grammar), stream))
+        return call
 
 
 def _sink(on_text: Callable[[int, str], None] | None, choice: int) -> Callable[[str], None] | None:
     """Row ``choice``'s text sink: ``on_text`` with the choice index bound."""
     return None if on_text is None else lambda text: on_text(choice, text)
-
-
-class _Deadline:
-    """Stops each row once its deadline (``time.monotonic()``) has passed: bounded work per request."""
-
-    def __init__(self, deadlines: list[float | None]) -> None:
-        self.deadlines = deadlines
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
-
-        now = time.monotonic()
-        return torch.tensor([d is not None and now > d for d in self.deadlines], device=input_ids.device)
 
 
 # -- vLLM ------------------------------------------------------------------------------------------
@@ -339,8 +222,12 @@ class VllmEngine:
     """The real vLLM engine (GPU). ``vllm`` is imported here only: the CPU environment lacks it.
 
     It does not stream (``LLM.generate`` returns whole outputs): a streamed request gets its text
-    in one chunk when decoding ends.
+    in one chunk when decoding ends. ``SamplingParams.grammar`` goes to vLLM's structured outputs
+    on its ``guidance`` backend: llguidance, the library the transformers engine masks with, so
+    the same Lark text (token caps included) constrains both.
     """
+
+    constrains = True
 
     def __init__(self, path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85) -> None:
         self.dtype, self.gpu_memory_utilization = dtype, gpu_memory_utilization
@@ -355,7 +242,10 @@ class VllmEngine:
 
         with self.lock:  # one engine fits in GPU memory: free the old one before building the new
             self.close()
-            self.llm = LLM(model=path, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization)
+            self.llm = LLM(
+                model=path, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+                structured_outputs_config={"backend": "guidance"},
+            )  # fmt: skip
             self.tokenizer = self.llm.get_tokenizer()
             self.model_path = path
 
@@ -369,6 +259,7 @@ class VllmEngine:
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         from vllm import SamplingParams as VllmSampling
+        from vllm.sampling_params import StructuredOutputsParams
 
         top = max(params.top_logprobs, 1) if params.logprobs else None
         sampling = VllmSampling(
@@ -379,6 +270,7 @@ class VllmEngine:
             stop=list(params.stop) or None,
             seed=params.seed,
             logprobs=top,
+            structured_outputs=StructuredOutputsParams(grammar=params.grammar) if params.grammar else None,
         )
         with self.lock:
             outputs = []
@@ -414,7 +306,10 @@ class OpenAIEngine:
     ``load(name)`` selects another model the remote serves. Token ids are unknown over this API, so
     ``/v1/rollouts`` needs ``tokenizer`` (the remote model's HF id or folder) to build trajectories.
     It does not stream: a streamed request gets the remote's whole text in one chunk at the end.
+    Nor does it constrain: OpenAI's API has no grammar parameter (``generate`` refuses one).
     """
+
+    constrains = False
 
     def __init__(self, base_url: str, api_key: str, model: str | None, tokenizer: str | None = None) -> None:
         from openai import OpenAI
@@ -434,6 +329,8 @@ class OpenAIEngine:
         self.client.close()
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        if params.grammar is not None:
+            raise ValueError("the openai engine cannot constrain decoding to a grammar")
         common: dict[str, Any] = {
             "model": self.model_path,
             "max_tokens": params.max_tokens,

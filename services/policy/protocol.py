@@ -315,6 +315,9 @@ class AnswerRequest(BaseModel):
     )
     max_steps: int | None = Field(None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS)")
     return_trace: bool = Field(False, description="include every step: text, queries, documents")
+    constrained: bool | None = Field(
+        None, description="decode under the recipe's action grammar; default POLICY_CONSTRAINED_DECODING"
+    )
 
 
 class Citation(BaseModel):
@@ -337,6 +340,8 @@ class AnswerResponse(BaseModel):
     recipe: str
     outcome: Outcome
     model: str
+    constrained: bool = Field(False, description="every step was decoded under the recipe's action grammar")
+    grammar: str | None = Field(None, description="that grammar's name and version, e.g. search-r1@1")
 
 
 class RolloutSampling(BaseModel):

@@ -64,6 +64,12 @@ class PolicySettings(ServiceSettings):
         64, ge=1, description="generation requests admitted at once (running + queued); more -> 429"
     )
     max_batch: int = Field(16, ge=1, description="sequences the engine decodes together at most")
+    constrained_decoding: bool = Field(
+        True,
+        description="/v1/answer decodes each step under the recipe's action grammar (hoprl.agent.grammar), "
+        "so the model always writes a parsable action; a request's `constrained` overrides it. Rollouts and "
+        "training are never constrained",
+    )
 
     # A secret never has a default value: unset, the admin routes are disabled (403).
     admin_token: SecretStr | None = Field(None, description="bearer token of /v1/admin/*; unset = disabled")
