@@ -183,11 +183,13 @@ def test_r_ref_reads_every_retrieved_document_as_the_policy_saw_it():
     """A distractor that happens to hold the answer makes the evidence sufficient; so does a title
     (the policy reads "Doc i (Title: ...) text"); gold paragraphs that were not retrieved do not."""
     refuse = Step(t=3, action="refuse", text="")
-    by_text = ep(search(1, "Acme", "Acme Records"), search(2, "Roe", "Distractor", text="born in Paris"), refuse)
+    distractor = search(2, "Roe", "Distractor", text="born in Paris")
+    by_text = ep(search(1, "Acme", "Acme Records"), distractor, refuse)
     by_title = ep(search(1, "Acme", "Paris"), Step(t=2, action="refuse", text=""))
     missed = ep(search(1, "Acme", "Acme Records"), Step(t=2, action="refuse", text=""))
     missed.meta["gold_evidence"] = ["Jane Roe was born in Paris."]
-    r_ref = [score_episode(e, JUDGE, "discovery").steps[-1].signals["r_ref"] for e in (by_text, by_title, missed)]
+    episodes = (by_text, by_title, missed)
+    r_ref = [score_episode(e, JUDGE, "discovery").steps[-1].signals["r_ref"] for e in episodes]
     assert r_ref == [-1.0, -1.0, 1.0]
 
 
@@ -482,21 +484,25 @@ def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
     the default budget (counted as the runner counts it: the context's growth, here the token
     trajectory's completion). The old defaults (4 turns, 512 tokens) held less than two steps."""
     import json
+    from pathlib import Path
 
     from hoprl.agent.tokens import to_token_trajectory
     from services.trainer.protocol import Hyperparameters
 
-    from ..conftest_paths import shared_file
-
+    data = Path(__file__).resolve().parents[4] / "shared" / "data" / "hotpotqa_dev.jsonl"
+    if not data.exists():
+        pytest.skip(f"{data} not found (../shared/data sits beside the repository in CI)")
     hp = Hyperparameters().resolved("evo-rag")
     assert hp.token_budget == 20 * (64 + 3 * 200)
     recipe = EvoRag()
-    lines = shared_file("hotpotqa_dev.jsonl").read_text().splitlines()[: hp.max_turns]
+    lines = data.read_text().splitlines()[: hp.max_turns]
     thought = tokenizer.decode(tokenizer("<think>" + "I need the next fact. " * 20)["input_ids"][:56])
     steps = []
     for t, line in enumerate(lines, 1):
         paragraphs = json.loads(line)["paragraphs"][:3]
-        docs = [[RetrievedDoc(id=f"{t}-{i}", title=p["title"], text=p["text"]) for i, p in enumerate(paragraphs)]]
+        docs = [
+            [RetrievedDoc(id=f"{t}-{i}", title=x["title"], text=x["text"]) for i, x in enumerate(paragraphs)]
+        ]
         text = f"{thought}</think><search>hop {t}</search>"
         steps.append(Step(t=t, action="search", text=text, queries=[f"hop {t}"], docs=docs,
                           information=recipe.information(docs)))  # fmt: skip
@@ -534,7 +540,7 @@ def test_a_training_episode_runs_to_t_max_and_reaches_the_late_signals(retriever
     from hoprl.schemas import Document
     from services.local import LocalServer
     from services.trainer.jobs import rollout_options
-    from services.trainer.protocol import Hyperparameters, JobRequest
+    from services.trainer.protocol import JobRequest
     from services.trainer.settings import TrainerSettings
 
     path = Path(__file__).resolve().parents[2] / "hoprl" / "agent" / "scripted_llm.py"
