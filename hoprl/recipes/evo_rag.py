@@ -79,7 +79,7 @@ class EvoRagConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    t_max: int = Field(default=20, ge=2, description="episode cap T_max")
+    t_max: int = Field(default=20, ge=2, le=64, description="episode cap T_max (the trainer's max_turns)")
     top_k: int = Field(default=3, ge=1, description="documents per SEARCH")
     act_p: float = Field(default=0.3, description="r_act applies when p(t) >= act_p")
     w_ret: tuple[float, float, float] = (2.0, 1.0, 0.5)

@@ -30,6 +30,8 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "evo-rag": {"advantage": "per_step", "preference_model": True},
 }
 
+MAX_TOKEN_BUDGET = 32768  # Hyperparameters.token_budget's bound
+
 #: per-(recipe, objective) defaults, applied before RECIPE_DEFAULTS
 OBJECTIVE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
     # EVO-RAG's PPO: KL coefficient 0.001, policy lr 1e-6 and a separate critic at lr 1e-5
@@ -55,7 +57,11 @@ def recipe_derived_defaults(
         return {}
     from hoprl.recipes.evo_rag import trainer_defaults
 
-    return trainer_defaults(recipe_config, tokens_per_step)
+    try:
+        derived = trainer_defaults(recipe_config, tokens_per_step)
+    except ValueError:  # an invalid recipe_config: the job reports the recipe's own error when it starts
+        return {}
+    return derived | {"token_budget": min(derived["token_budget"], MAX_TOKEN_BUDGET)}
 
 
 class Hyperparameters(BaseModel):
@@ -87,13 +93,13 @@ class Hyperparameters(BaseModel):
     dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
     max_turns: int = Field(
-        4, ge=1, le=20, description="agent steps per episode; unset: EVO-RAG its T_max (20), else 4"
+        4, ge=1, le=64, description="agent steps per episode; unset: EVO-RAG its T_max (20), else 4"
     )
     max_new_tokens_per_step: int = Field(64, ge=1, le=4096)
     token_budget: int = Field(
         512,
         ge=16,
-        le=32768,
+        le=MAX_TOKEN_BUDGET,
         description="completion tokens per episode; unset: EVO-RAG enough for T_max searches, else 512",
     )
     temperature: float = Field(1.0, gt=0, le=2)

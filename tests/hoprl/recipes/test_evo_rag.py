@@ -477,6 +477,11 @@ def test_the_trainer_caps_evo_rag_episodes_at_t_max():
     assert Hyperparameters(recipe_config={"t_max": 8}).resolved("evo-rag").max_turns == 8
     assert Hyperparameters(max_turns=4).resolved("evo-rag").max_turns == 4  # an explicit request wins
     assert Hyperparameters().resolved("search-r1").max_turns == 4
+    # never an error at submission: a budget past the bound is capped; an invalid recipe_config
+    # derives nothing (the job reports the recipe's own error when it starts)
+    big = Hyperparameters(recipe_config={"t_max": 64}, max_new_tokens_per_step=4096).resolved("evo-rag")
+    assert (big.max_turns, big.token_budget) == (64, 32768)
+    assert Hyperparameters(recipe_config={"t_max": "many"}).resolved("evo-rag").max_turns == 4
 
 
 def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
