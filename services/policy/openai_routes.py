@@ -137,7 +137,7 @@ async def _generate(
     with policy.admitted():
         try:
             return await run_in_threadpool(policy.engine.generate, prompts, params)
-        except (ValueError, TemplateError) as exc:
+        except (ValueError, TemplateError) as exc:  # e.g. a prompt too long, a JSON schema llguidance refuses
             raise _bad("invalid_prompt", str(exc), None) from None
 
 
@@ -178,7 +178,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     model = _check(policy, body)
     params = _sampling(policy.settings, body, body.max_completion_tokens or body.max_tokens, 256)
     top = body.top_logprobs or 0
-    params = replace(params, logprobs=body.logprobs, top_logprobs=top)
+    grammar = body.response_format.grammar() if body.response_format else None
+    if grammar is not None and not policy.engine.constrains:
+        message = f"the {policy.settings.engine} engine cannot constrain decoding to JSON"
+        raise _bad("unsupported_parameter", message, "response_format")
+    params = replace(params, logprobs=body.logprobs, top_logprobs=top, grammar=grammar)
     messages = [m.template(parse_arguments=policy.settings.engine == "transformers") for m in body.messages]
     _check_tools_render(policy, messages)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

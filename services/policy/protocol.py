@@ -27,7 +27,7 @@ Problem = tuple[str, str, str]
 # that this server does not implement, each with the values that ask for nothing; null always does.
 CHAT_NO_OP: dict[str, tuple[Any, ...]] = {
     "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
-    "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},),
+    "functions": ([],), "function_call": ("none",),
     "logit_bias": ({},), "frequency_penalty": (0,), "presence_penalty": (0,), "audio": (),
     "modalities": (["text"],), "prediction": (), "reasoning_effort": (), "verbosity": (),
     "web_search_options": (), "moderation": (), "store": (False,), "echo": (False,),
@@ -179,6 +179,36 @@ class ChatMessage(BaseModel):
         return next(((code, param, message) for bad, code, param, message in checks if bad), None)
 
 
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="JSON Schema; None = any JSON")
+    strict: bool | None = Field(None, description="ignored: the schema is always enforced")
+
+
+class ResponseFormat(BaseModel):
+    """``text``, or JSON (any object, or one that follows ``json_schema``) enforced while decoding."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs json_schema (its name and schema)")
+        return self
+
+    def grammar(self) -> str | None:
+        """The Lark grammar the engine decodes under (llguidance's ``%json`` takes a JSON Schema)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return 'start: %json {"type": "object"}'
+        return "start: %json " + json.dumps((self.json_schema and self.json_schema.schema_) or {})
+
+
 class ChatCompletionRequest(_OpenAIRequest):
     """OpenAI's chat completion request; unimplemented parameters are a 400 unless they ask for nothing."""
 
@@ -186,6 +216,7 @@ class ChatCompletionRequest(_OpenAIRequest):
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens")
     logprobs: bool = Field(False, description="with stream, the chunks are sent once decoding ends")
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = Field(None, description="JSON output, enforced while decoding")
 
     def problem(self) -> Problem | None:
         for i, message in enumerate(self.messages):

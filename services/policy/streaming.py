@@ -1,14 +1,12 @@
 """Streaming, from the decoding loop to the wire.
 
-**In the transformers engine**, each row of a batch delivers its own new text. transformers'
-streamers (``TextStreamer``, ``TextIteratorStreamer``) take one sequence, but the engine decodes
-many requests' rows in one left-padded batch (flat combining). ``generate`` calls its
-``streamer``'s ``put`` with the prompt batch first, then with each step's new tokens (one per
-row), so :class:`RowStreamer` splits that step into rows and hands each token to the row's
-:class:`TextStream`, which turns tokens into safe text pieces for the row's request.
+**In the engine**, each row of the transformers engine's batch has its own :class:`TextStream`
+(:mod:`services.policy.decoding` pushes the row's every new token into it), which turns tokens into
+text pieces no later token can change and hands them to the request's ``SamplingParams.on_text``.
 
-    streams = [TextStream(tokenizer, {eos}, ("</search>",), send) for send in sinks]
-    model.generate(..., streamer=RowStreamer(streams))
+    stream = TextStream(tokenizer, {eos}, ("</search>",), send)
+    for token in row_tokens:
+        stream.push(token)
 
 **In the routes**, :class:`LiveStream` runs a generation off the event loop, collects those pieces
 on an asyncio queue and turns them into server-sent events as they arrive.
@@ -20,8 +18,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
-
-from transformers.generation.streamers import BaseStreamer
 
 from services.policy.engines import Generation, find_stop
 from services.policy.openai_errors import error_event
@@ -86,23 +82,6 @@ class TextStream:
                 log.warning("a streaming consumer failed; its row keeps decoding unstreamed", exc_info=True)
                 self.done = True
             self.sent = end
-
-
-class RowStreamer(BaseStreamer):
-    """A ``generate(streamer=...)`` that feeds row ``b``'s tokens to ``rows[b]`` (``None``: not streamed)."""
-
-    def __init__(self, rows: Sequence[TextStream | None]) -> None:
-        self.rows = rows
-
-    def put(self, value: Any) -> None:
-        if value.dim() > 1:  # the prompt batch, sent once before decoding starts
-            return
-        for row, token in zip(self.rows, value.tolist(), strict=True):
-            if row is not None:
-                row.push(token)
-
-    def end(self) -> None:
-        """Nothing to flush: the consumer sends the final text's rest from the Generation."""
 
 
 # -- to the wire -----------------------------------------------------------------------------------

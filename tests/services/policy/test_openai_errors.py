@@ -134,7 +134,6 @@ def test_openapi_declares_the_envelope(policy_url: str) -> None:
 CHAT_UNSUPPORTED: list[tuple[str, Any]] = [
     ("tools", [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]),
     ("tool_choice", "required"),
-    ("response_format", {"type": "json_object"}),
     ("logit_bias", {"2": -100}),
     ("frequency_penalty", 0.5),
     ("presence_penalty", -0.5),

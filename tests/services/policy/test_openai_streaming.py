@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -15,7 +17,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from services.policy.engines import SamplingParams
+from services.policy.engines import SamplingParams, TransformersEngine
 from services.policy.streaming import TextStream, held_back
 
 MODEL = "smollm2-135m-instruct"
@@ -126,6 +128,20 @@ def test_text_stream_sends_only_what_no_token_can_change(model_path: str) -> Non
     assert stream.done and len(pieces) > 3
 
 
-def test_streaming_requests_still_share_a_batch() -> None:
-    """``on_text`` is not part of equality: the engine's batching key ignores it."""
-    assert SamplingParams(max_tokens=8, on_text=lambda i, t: None) == SamplingParams(max_tokens=8)
+def test_a_streamed_call_beside_an_unstreamed_one(model_path: str) -> None:
+    """Two concurrent calls share the engine's batch: only the streamed one's text reaches its sink,
+    and its pieces add up to its text."""
+    engine = TransformersEngine(model_path)
+    prompts = [[{"role": "user", "content": q}] for q in ("Name three colors.", "Count to five.")]
+    params = SamplingParams(max_tokens=24, temperature=0)
+    pieces: list[tuple[int, str]] = []
+    streamed = replace(params, on_text=lambda choice, text: pieces.append((choice, text)))
+    with ThreadPoolExecutor(2) as pool:
+        calls = [
+            pool.submit(engine.generate, [prompts[0]], streamed),
+            pool.submit(engine.generate, [prompts[1]], params),
+        ]
+        texts = [call.result()[0][0].text for call in calls]
+    engine.close()
+    assert texts[0] != texts[1] and "".join(t for _, t in pieces) == texts[0] and len(pieces) > 3
+    assert {choice for choice, _ in pieces} == {0}
