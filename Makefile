@@ -12,12 +12,14 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run pipeline eval-retrieval test lint bench openapi services up clean help
+.PHONY: venv run ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help
 
 help:
 	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baseline, SFT, GRPO, final eval (~15 min)"
+	@echo "make ui       Prefect UI on http://127.0.0.1:4200 + worker + deployments; \`make run\` reports there"
 	@echo "make eval-retrieval  Recall/Full-Recall/mAP of dense, BM25 and hybrid on DATA=$(DATA)"
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
+	@echo "make fuzz     fuzz all four services, FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) cases per operation and mode (~2 h)"
 	@echo "make lint     ruff + mypy"
 	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
 	@echo "make openapi  write each service's OpenAPI spec to openapi/"
@@ -48,11 +50,29 @@ run: venv
 
 pipeline: run
 
+# A local Prefect server (UI and API on 127.0.0.1:4200, state in .hoprl/prefect, analytics off),
+# the deployment pipeline/pipeline and a worker of the `hoprl` pool, until Ctrl-C; `make run` in
+# another terminal finds it and its runs show in the UI beside those started there (flows/ui.py).
+ui: venv
+	$(BIN)/python -m flows.ui
+
 eval-retrieval: venv
 	$(BIN)/hoprl eval-retrieval --data $(DATA) --mode dense sparse hybrid --k 2 5 10
 
 test: venv services
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The fuzz tests of `make test` (tests/fuzz.py) with thousands of cases per operation and mode
+# and as many stateful scenarios, the trainer on PostgreSQL; deterministic like the short run. Prints
+# each service's count of cases and of server errors, and fails on any failed check.
+FUZZ_EXAMPLES ?= 1000
+FUZZ_REPORT   := .hoprl/fuzz-report.txt
+fuzz: venv services
+	@mkdir -p .hoprl && rm -f $(FUZZ_REPORT)
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=$(FUZZ_REPORT) $(BIN)/python -m pytest -q --timeout=0 \
+		-k test_no_server_errors tests/services/retriever/test_fuzz.py tests/services/judge/test_fuzz.py \
+		tests/services/trainer/test_fuzz.py tests/services/policy/test_fuzz.py; \
+		status=$$?; cat $(FUZZ_REPORT); exit $$status
 
 lint: venv
 	$(BIN)/ruff check .

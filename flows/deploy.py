@@ -6,22 +6,27 @@ Two ways, both against the Prefect server named by ``PREFECT_API_URL``:
   checkout) on the process work pool ``hoprl``, created if missing; any number of
   ``prefect worker start --pool hoprl`` processes then run what the UI or
   ``prefect deployment run pipeline/pipeline -p steps=40`` starts. Compose does the same from
-  ``infra/prefect/prefect.yaml`` (the code baked into the image at /app).
+  ``infra/prefect/prefect.yaml`` (the code baked into the image at /app). ``make ui`` runs this
+  after starting a local server (:mod:`flows.ui`).
 - ``python -m flows.deploy --serve``: ``pipeline.serve()``, one long-running process that is both
   the deployment and its worker (no pool): the simplest way to get a "Run" button.
 
-The defaults of the deployment are the pipeline's parameters in ``prefect.yaml``.
+Both talk to the API through Prefect's Python client, so neither needs the ``prefect`` command
+on ``PATH``. The defaults of the deployment are the pipeline's parameters in ``prefect.yaml``.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.exceptions import ObjectNotFound
+from prefect.workers.process import ProcessWorker
 
 from flows.pipeline import pipeline
 
@@ -36,9 +41,14 @@ def deployment_spec() -> dict[str, Any]:
 
 
 def ensure_pool(name: str) -> None:
-    """Create the process work pool ``name`` unless it exists."""
-    if subprocess.run(["prefect", "work-pool", "inspect", name], capture_output=True).returncode != 0:
-        subprocess.run(["prefect", "work-pool", "create", name, "--type", "process"], check=True)
+    """Create the process work pool ``name`` unless it exists (what ``prefect work-pool create
+    NAME --type process`` does: the process worker's default job template)."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            template = ProcessWorker.get_default_base_job_template()
+            client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
 
 
 def deploy() -> str:
@@ -51,11 +61,14 @@ def deploy() -> str:
     deployment_id = flow.deploy(
         name=spec["name"],
         work_pool_name=pool,
+        work_queue_name=spec["work_pool"].get("work_queue_name"),
         parameters=spec["parameters"],
         description=spec["description"],
         tags=spec["tags"],
         build=False,
         push=False,
+        print_next_steps=False,
+        ignore_warnings=True,
     )
     return str(deployment_id)
 
@@ -68,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve:
         pipeline.serve(name=spec["name"], parameters=spec["parameters"], tags=spec["tags"])
     else:
-        deploy()
+        deployment_id = deploy()
+        print(f"registered deployment {pipeline.name}/{spec['name']} ({deployment_id})")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import openai
 import redis
 from celery import Celery, group
 from celery.canvas import Signature
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hoprl.agent.runner import run_episode
@@ -332,7 +333,8 @@ def fan_out(
     result = group(units).apply_async()
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=True) as progress:
+    console = Console(stderr=True)  # beside the flow's log lines; no bar where stderr is not a terminal
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         bar = progress.add_task(description, total=len(units))
         while not result.ready():
             if time.monotonic() > deadline:

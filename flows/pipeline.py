@@ -24,8 +24,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows import progress
 from flows.data import build_index, prepare_data
 from flows.evaluate import evaluate
+from flows.report import publish_report
 from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
@@ -52,9 +54,10 @@ def once(
     """``produce()`` unless ``stage`` finished for this run; its result kept in ``<run>/stages/``."""
     path = run_dir(run_id) / "stages" / f"{stage.replace('/', '-')}.json"
     if done(run_id, stage) is not None and path.is_file():
-        get_run_logger().info("stage %s finished earlier: skipped", stage)
+        get_run_logger().info("stage %s: finished earlier, skipped", stage)
         return dict(json.loads(path.read_text()))
-    result = produce()
+    with progress.stage(stage):
+        result = produce()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str))
     mark(run_id, stage, float(result[id_key]) if id_key else 1.0)
@@ -228,11 +231,13 @@ def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict
         p["recipe_config"],
     )
     if p["sft_steps"] > 0:
-        warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
+        with progress.stage("warm_start", steps=p["sft_steps"]):
+            warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
         registry().add_checkpoint(run_id, 0, resolve_model(p["model"], MODEL_CACHE), {"objective": "base"})
     dev = {"path": data["paths"]["dev"], "limit": p["dev_limit"]}
-    final = train(run_id, request, p["steps"], p["segments"], dev, urls)
+    with progress.stage("train", steps=p["steps"], segments=p["segments"]):
+        final = train(run_id, request, p["steps"], p["segments"], dev, urls)
     serve_checkpoint(urls.policy, final["path"])
     after = once(
         run_id,
@@ -253,4 +258,5 @@ def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict
         "evaluation_id",
     )
     mark(run_id, "done")
+    publish_report(run_id)  # on this flow run too when every stage was skipped (a resumed run)
     return summary(run_id, evals["baseline"], after, final, collection)

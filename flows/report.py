@@ -3,16 +3,24 @@
 Everything is read back from the registry, so the report can be rebuilt at any time (each
 evaluation and each training segment publishes it again):
 
-- ``report.md``: one table per dataset with every evaluation of the run (EM, F1, judge accuracy,
-  retrieval count, Recall / Full-Recall / mAP, latency) and, for each, the paired bootstrap
-  (10,000 resamples) of its EM against the evaluation labelled ``baseline``;
+- ``report.md``: per dataset, three narrow tables with every evaluation of the run: answers (EM,
+  F1, judge accuracy, retrieval count), the paired bootstrap (10,000 resamples) of each EM against
+  the evaluation labelled ``baseline`` (difference, 95% interval, p), and retrieval and latency
+  (Recall / Full-Recall / mAP, p50). Few short columns each, so the Prefect UI's markdown view
+  shows every column (one wide table had its last column cut off there);
 - ``training.png``: the training reward per step and the dev EM at each segment's check, with the
   curriculum's stage switches as vertical lines;
 - ``accuracy_vs_retrievals.png``: EM against the mean retrieval count, one point per evaluation
-  (recipe and label), the trade-off the when-to-search recipe is about.
+  (recipe and label), the trade-off the when-to-search recipe is about. Each evaluation has its
+  own marker and colour, named in a legend beside the axes: evaluations often land on the same
+  point (two untrained recipes at EM 0), where labels written next to the points overlapped.
 
 In the Prefect UI the same report is the markdown artifact ``<run>-report`` and the plots are
-markdown artifacts with the PNG embedded (``<run>-training``, ``<run>-accuracy``).
+markdown artifacts with the PNG embedded (``<run>-training``, ``<run>-accuracy``). They belong to
+the **pipeline's** flow run (the one the registry run is linked to, see
+:func:`flows.runs.link_flow_run`), whichever subflow publishes them, so its Artifacts tab holds
+them; each publication updates them in place (one card each, always the latest numbers). Outside
+a pipeline (an ``evaluate`` flow on its own) they belong to the current flow run.
 """
 
 from __future__ import annotations
@@ -21,25 +29,28 @@ import base64
 import re
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on servers and workers
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 from prefect.context import FlowRunContext
+from prefect.runtime import flow_run
 from sqlalchemy import select
 
 from flows.runs import registry, run_dir
 from hoprl.registry.models import EvaluationRow
 
-COLUMNS = [
-    ("em", "EM"),
-    ("f1", "F1"),
-    ("judge_accuracy", "judge"),
-    ("retrieval_count", "retrievals"),
+# The report's tables: (metric key, column header); each table stays a few short columns wide.
+ANSWER_COLUMNS = [("em", "EM"), ("f1", "F1"), ("judge_accuracy", "judge"), ("retrieval_count", "retrievals")]
+RETRIEVAL_COLUMNS = [
     ("recall@2", "R@2"),
     ("recall@5", "R@5"),
     ("full_recall@5", "FullR@5"),
@@ -59,35 +70,50 @@ def cell(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value if value is not None else "-")
 
 
-def versus(row: EvaluationRow, baseline: EvaluationRow | None) -> str:
-    """``+0.120 [0.04, 0.20] p=0.003`` (EM difference against the baseline), or ``-``."""
+def versus(row: EvaluationRow, baseline: EvaluationRow | None) -> list[str]:
+    """``["+0.120", "[0.04, 0.20]", "0.003"]``: EM difference against the baseline, its 95%
+    interval and p-value (paired bootstrap), or dashes."""
     if baseline is None or row.id == baseline.id:
-        return "-"
+        return ["-", "-", "-"]
     try:
         result = registry().compare(row.id, baseline.id, "em")
     except ValueError:  # no shared questions
-        return "-"
-    return f"{result.diff:+.3f} [{result.ci_low:.2f}, {result.ci_high:.2f}] p={result.p_value:.3g}"
+        return ["-", "-", "-"]
+    return [f"{result.diff:+.3f}", f"[{result.ci_low:.2f}, {result.ci_high:.2f}]", f"{result.p_value:.3g}"]
+
+
+def table(headers: list[str], rows: list[list[str]], names: int = 1) -> list[str]:
+    """A markdown table: the first ``names`` columns left-aligned, the others (numbers) right-aligned."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * names + "---:|" * (len(headers) - names)]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
 
 def markdown_table(run_id: str) -> str:
-    """The report's markdown: one table per dataset, every evaluation against the baseline."""
+    """The report's markdown: per dataset, the answers, EM against the baseline, and retrieval."""
     rows = evaluations(run_id)
     lines = [f"# hoprl run `{run_id}`", ""]
     for dataset in dict.fromkeys(r.dataset for r in rows):
         group = [r for r in rows if r.dataset == dataset]
         baseline = next((r for r in group if r.metrics.get("label") == "baseline"), None)
-        lines += [
-            f"## {dataset} ({group[0].split}, {group[0].metrics.get('questions', '?')} questions)",
-            "",
-            "| evaluation | recipe | " + " | ".join(h for _, h in COLUMNS) + " | EM vs baseline |",
-            "|---|---|" + "---:|" * (len(COLUMNS) + 1),
+        names = [str(r.metrics.get("label", r.id)) for r in group]
+        answers = [
+            [name, str(r.metrics.get("recipe", ""))] + [cell(r.metrics.get(k)) for k, _ in ANSWER_COLUMNS]
+            for name, r in zip(names, group, strict=True)
         ]
-        for r in group:
-            name, recipe = r.metrics.get("label", r.id), r.metrics.get("recipe", "")
-            values = " | ".join(cell(r.metrics.get(k)) for k, _ in COLUMNS)
-            lines.append(f"| {name} | {recipe} | {values} | {versus(r, baseline)} |")
-        lines.append("")
+        retrieval = [
+            [name] + [cell(r.metrics.get(k)) for k, _ in RETRIEVAL_COLUMNS]
+            for name, r in zip(names, group, strict=True)
+        ]
+        lines += [f"## {dataset} ({group[0].split}, {group[0].metrics.get('questions', '?')} questions)", ""]
+        lines += ["### Answers", ""]
+        lines += table(["evaluation", "recipe"] + [h for _, h in ANSWER_COLUMNS], answers, names=2)
+        lines += ["### EM against `baseline` (paired bootstrap, 10,000 resamples)", ""]
+        lines += table(
+            ["evaluation", "EM diff", "95% CI", "p"],
+            [[name, *versus(r, baseline)] for name, r in zip(names, group, strict=True)],
+        )
+        lines += ["### Retrieval and latency", ""]
+        lines += table(["evaluation"] + [h for _, h in RETRIEVAL_COLUMNS], retrieval)
     switches = registry().stage_switches(run_id)
     if switches:
         lines += ["## Curriculum", ""] + [
@@ -131,26 +157,52 @@ def training_plot(run_id: str, path: Path) -> Path | None:
     return path
 
 
-def accuracy_plot(run_id: str, path: Path) -> Path | None:
-    """EM against mean retrieval count, one labelled point per evaluation."""
-    rows = evaluations(run_id)
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for r in rows:
-        x, y = r.metrics.get("retrieval_count", 0.0), r.metrics.get("em", 0.0)
-        ax.scatter([x], [y])
-        ax.annotate(
-            f"{r.metrics.get('label')} ({r.metrics.get('recipe')})",
-            (x, y),
-            fontsize=8,
-            textcoords="offset points",
-            xytext=(4, 4),
+MARKERS = "osD^vP*Xph<>"
+
+
+def accuracy_figure(title: str, points: list[tuple[str, float, float]]) -> Figure:
+    """EM against retrievals per question; ``points`` are (name, retrievals, EM), one per evaluation.
+
+    Each point has its own marker and colour and is named in a legend beside the axes, never by
+    a label at the point: points often coincide. The markers are hollow and shrink with each
+    evaluation, so coinciding points stay visible as nested rings.
+    """
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    for i, (name, x, y) in enumerate(points):
+        ax.scatter(
+            [x],
+            [y],
+            marker=MARKERS[i % len(MARKERS)],
+            s=max(25.0, 320.0 * 0.55**i),
+            facecolors="none",
+            edgecolors=f"C{i % 10}",
+            linewidths=1.5,
+            label=name,
         )
     ax.set_xlabel("retrievals per question")
     ax.set_ylabel("EM")
-    ax.set_title(f"{run_id}: accuracy vs retrieval count")
-    fig.tight_layout()
+    ax.set_title(title)
+    ax.margins(0.15)
+    legend = fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+    for handle in legend.legend_handles:  # one marker size in the legend, whatever the point's
+        handle.set_sizes([50.0])  # type: ignore[union-attr]
+    return fig
+
+
+def accuracy_plot(run_id: str, path: Path) -> Path | None:
+    """EM against mean retrieval count, one point per evaluation (see :func:`accuracy_figure`)."""
+    rows = evaluations(run_id)
+    if not rows:
+        return None
+    points = [
+        (
+            f"{r.metrics.get('label')} ({r.metrics.get('recipe')})",
+            float(r.metrics.get("retrieval_count", 0.0)),
+            float(r.metrics.get("em", 0.0)),
+        )
+        for r in rows
+    ]
+    fig = accuracy_figure(f"{run_id}: accuracy vs retrieval count", points)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -166,9 +218,37 @@ def embedded(path: Path) -> str:
     return f"![{path.name}](data:image/png;base64,{data})\n\n`{path}`\n"
 
 
+def artifact_flow_run(run_id: str) -> UUID | None:
+    """The flow run the run's artifacts belong to: the pipeline's (the registry's link), else the
+    current flow run (an ``evaluate`` on its own), else None (not in a flow run)."""
+    run = registry().get_run(run_id)
+    linked = run.prefect_flow_run_id if run is not None else None
+    current = flow_run.get_id()
+    return UUID(linked or current) if (linked or current) else None
+
+
+def put_markdown(
+    client: SyncPrefectClient, flow_run_id: UUID, key: str, markdown: str, description: str
+) -> None:
+    """Create the markdown artifact ``key`` on the flow run, or update the one already there."""
+    artifact_filter = ArtifactFilter(
+        key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+    )
+    existing = client.read_artifacts(artifact_filter=artifact_filter, limit=1)
+    if existing:
+        client.update_artifact(existing[0].id, ArtifactUpdate(data=markdown, description=description))
+    else:
+        client.create_artifact(
+            ArtifactCreate(
+                key=key, type="markdown", data=markdown, description=description, flow_run_id=flow_run_id
+            )
+        )
+
+
 @task
 def publish_report(run_id: str) -> str:
-    """Write ``report.md`` and the plots to the run folder, publish them as artifacts.
+    """Write ``report.md`` and the plots to the run folder, publish them as artifacts of the
+    pipeline's flow run (see the module docstring).
 
     Returns the report's path.
     """
@@ -184,12 +264,11 @@ def publish_report(run_id: str) -> str:
     ]
     report = folder / "report.md"
     report.write_text(text + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots))
-    if FlowRunContext.get() is not None:
-        create_markdown_artifact(text, key=artifact_key(run_id, "report"), description=f"report of {run_id}")
-        for p in plots:
-            create_markdown_artifact(
-                embedded(p),
-                key=artifact_key(run_id, p.stem.split("_")[0]),
-                description=f"{p.stem} of {run_id}",
-            )
+    owner = artifact_flow_run(run_id) if FlowRunContext.get() is not None else None
+    if owner is not None:
+        with get_client(sync_client=True) as client:
+            put_markdown(client, owner, artifact_key(run_id, "report"), text, f"report of {run_id}")
+            for p in plots:
+                key = artifact_key(run_id, p.stem.split("_")[0])
+                put_markdown(client, owner, key, embedded(p), f"{p.stem} of {run_id}")
     return str(report)

@@ -32,6 +32,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from flows.progress import watch_job
 from flows.rollouts import collect_rollouts, score_rewards
 from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls, admin_token
@@ -93,7 +94,8 @@ def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: st
     """Run one trainer job to completion (or resume the segment's earlier job); its final checkpoint.
 
     An earlier job for this segment that succeeded is reused, one still queued or running is
-    waited for, and one that failed or was cancelled is resumed from its latest checkpoint.
+    waited for, and one that failed or was cancelled is resumed from its latest checkpoint. The
+    wait logs the job's progress (:func:`flows.progress.watch_job`).
     """
     jobs, log = SegmentJobs(run_id), get_run_logger()
     with TrainerClient(trainer_url) as client:
@@ -107,7 +109,8 @@ def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: st
         else:
             job_id = job.id
             log.info("segment ending at step %d: resuming the wait for job %s", end_step, job_id)
-        job = client.wait(job_id, timeout=24 * 3600, poll=2.0)
+        label = "warm start" if request["objective"] == "sft" else f"segment to step {end_step}"
+        job = watch_job(client, job_id, label)
     if job.status != "succeeded" or not job.checkpoints:
         raise RuntimeError(f"trainer job {job_id} ended {job.status}: {job.error}; see its worker.log")
     return {"job_id": job_id, "path": job.checkpoints[-1].path, "steps": job.step}

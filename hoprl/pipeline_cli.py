@@ -1,8 +1,12 @@
 """``hoprl pipeline``: the whole pipeline from the command line, with a summary at the end.
 
-:func:`run_pipeline` runs :func:`flows.pipeline.pipeline` (Prefect's ephemeral API unless
-``PREFECT_API_URL`` names a server) and returns its summary; :func:`format_summary` is the text
-the command prints; :func:`add_arguments` / :func:`main` are the command's options and body.
+:func:`run_pipeline` runs :func:`flows.pipeline.pipeline` against the Prefect API that
+:func:`prefect_api` picks (``PREFECT_API_URL`` if set, else the local server of ``make ui`` if
+one answers on 127.0.0.1:4200, else Prefect's ephemeral API, whose runs no UI shows afterwards)
+and returns its summary; :func:`format_summary` is the text the command prints;
+:func:`add_arguments` / :func:`main` are the command's options and body. While it runs, the
+terminal shows a line per stage and each trainer job's step / total, reward and ETA
+(:mod:`flows.progress`).
 
     hoprl pipeline                                      # synthetic world, SmolLM2-135M, when-to-search
     hoprl pipeline --dataset ../shared/data/hotpotqa_dev.jsonl --steps 40
@@ -15,6 +19,16 @@ import argparse
 import json
 import os
 from typing import Any
+
+LOCAL_API_URL = "http://127.0.0.1:4200/api"  # `make ui` (flows/ui.py) serves here
+
+
+def prefect_api(local: str = LOCAL_API_URL) -> str | None:
+    """The Prefect API a run reports to: ``$PREFECT_API_URL``, else ``local`` if a server answers
+    its ``/health`` there (``make ui``), else None (Prefect's ephemeral API)."""
+    from flows.ui import local_api
+
+    return os.environ.get("PREFECT_API_URL") or local_api(local)
 
 
 def run_pipeline(
@@ -33,17 +47,22 @@ def run_pipeline(
     ``recipe_config``).
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    api = prefect_api()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from flows.pipeline import pipeline
 
-    return pipeline(
-        recipe=recipe,
-        objective=objective,
-        model=model,
-        dataset=dataset,
-        steps=steps,
-        run_id=run_id,
-        **options,
-    )
+    with temporary_settings({PREFECT_API_URL: api}):
+        summary = pipeline(
+            recipe=recipe,
+            objective=objective,
+            model=model,
+            dataset=dataset,
+            steps=steps,
+            run_id=run_id,
+            **options,
+        )
+    return {**summary, "prefect_api_url": api}
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -58,11 +77,11 @@ def format_summary(summary: dict[str, Any]) -> str:
             ("retrieval_count", "retrievals / question"),
         ]
     ]
-    server = os.environ.get("PREFECT_API_URL")
+    server, flow_run = summary.get("prefect_api_url"), summary.get("prefect_flow_run_id")
     ui = (
-        f"open {server.removesuffix('/api')}"
+        f"{server.removesuffix('/api')}/runs/flow-run/{flow_run}"
         if server
-        else "run `prefect server start`, open http://127.0.0.1:4200"
+        else "this run used Prefect's ephemeral API; start `make ui` first to see runs in the Prefect UI"
     )
     body = {
         "question": "<your question>",
@@ -78,8 +97,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"report: {summary['report']}",
             *(f"plot:   {p}" for p in summary["plots"]),
             f"checkpoint: {summary['checkpoint']}",
-            f"Prefect UI: {ui} (flow run {summary.get('prefect_flow_run_id')}; runs of the ephemeral API "
-            "show there when PREFECT_API_URL points at the server while the pipeline runs)",
+            f"Prefect UI: {ui}",
             "Serve the trained checkpoint and ask it a question:",
             f"  POLICY_MODEL={summary['checkpoint']} hoprl serve policy --port 8002 &   # retriever on 8001",
             "  curl -s http://127.0.0.1:8002/v1/answer -H 'content-type: application/json' \\",
@@ -104,6 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-limit", type=int, default=30, help="test questions per evaluation")
     parser.add_argument("--dev-limit", type=int, default=8, help="dev questions per curriculum check")
     parser.add_argument(
+        "--limit", type=int, default=None, help="at most this many questions per split (quick runs)"
+    )
+    parser.add_argument(
         "--baselines", nargs="*", default=["naive-rag"], help="recipes on the untrained model"
     )
     parser.add_argument("--run-id", default=None, help="resume this run (default: a new run)")
@@ -127,6 +148,7 @@ def main(args: argparse.Namespace) -> int:
         sft_steps=args.sft_steps,
         eval_limit=args.eval_limit,
         dev_limit=args.dev_limit,
+        limit=args.limit,
         baselines=args.baselines,
         seed=args.seed,
         hyperparameters=args.hyperparameters,

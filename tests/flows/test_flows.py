@@ -1,27 +1,30 @@
 """The Prefect flows against live services, under ``prefect_test_harness`` (a throwaway Prefect API).
 
-Services run in this process over real HTTP on 127.0.0.1: the retriever (embedded Qdrant), a rules
-judge, a policy whose engine is a scripted OpenAI-compatible model (``tests/hoprl/agent/
-scripted_llm.py``; it answers the synthetic questions from scripts) and the real trainer service,
-whose jobs train a tiny random Llama (2 layers) in worker subprocesses. The registry is a SQLite
-file of the session, the run folders a temp folder. The fan-out units run eagerly.
+Services run in this process over real HTTP on 127.0.0.1 (see ``conftest.py``): the retriever
+(embedded Qdrant), a rules judge, a policy whose engine is a scripted OpenAI-compatible model (it
+answers the synthetic questions from scripts) and the real trainer service, whose jobs train a
+tiny random Llama (2 layers) in worker subprocesses. The registry is a SQLite file of the module,
+the run folders a temp folder. The fan-out units run eagerly.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+from uuid import UUID
 
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import fanout
@@ -33,44 +36,9 @@ from flows.stack import ServiceUrls
 from flows.training import boundaries, train
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
-from hoprl.data.synthetic import generate, hops_for
-from services.judge.app import create_app as create_judge
-from services.judge.settings import JudgeSettings
-from services.local import LocalServer
-from services.policy.app import create_app as create_policy
-from services.policy.settings import PolicySettings
-from services.trainer.app import create_app as create_trainer
-from services.trainer.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMIT = 6  # questions per split
-
-
-def load_module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # FastAPI resolves the module's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-scripted = load_module("scripted_llm", ROOT / "tests" / "hoprl" / "agent" / "scripted_llm.py")
-trainer_fixtures = load_module("trainer_fixtures", ROOT / "tests" / "services" / "trainer" / "conftest.py")
-
-
-def scripts() -> dict[str, list[str]]:
-    """An agent that searches the first hop, then answers: right on even questions, wrong on odd ones."""
-    out = {}
-    for split in generate(seed=0).values():
-        for i, q in enumerate(split[:LIMIT]):
-            answer = q.answers[0] if q.answers and i % 2 == 0 else "nobody"
-            query = hops_for(q)[0].query if hops_for(q) else q.question
-            out[q.question] = [
-                f"<think>I should look this up.</think>\n<search>{query}</search>",
-                f"<reflect>Found it.</reflect>\n<think>Done.</think>\n<answer>{answer}</answer>",
-            ]
-    return out
+LIMIT = 6  # questions per split (the scripted policy knows the first 6 of each, see conftest)
 
 
 @pytest.fixture(scope="module")
@@ -85,40 +53,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def urls(env: Path, retriever_url: str) -> Iterator[ServiceUrls]:
-    trainer_settings = TrainerSettings(
-        database_url=f"sqlite:///{env / 'registry.db'}",
-        runs_dir=env / "jobs",
-        retriever_url=retriever_url,
-        poll_interval_s=0.2,
-        torch_threads=1,
-    )
-    with (
-        LocalServer(scripted.create_app(scripts())) as llm,
-        LocalServer(create_judge(JudgeSettings())) as judge,
-        LocalServer(create_trainer(trainer_settings)) as trainer,
-    ):
-        policy_settings = PolicySettings(
-            engine="openai",
-            openai_base_url=f"{llm.url}/v1",
-            model="scripted",
-            retriever_url=retriever_url,
-            admin_token="flows-test",
-            max_steps=4,
-        )
-        with LocalServer(create_policy(policy_settings)) as policy, pytest.MonkeyPatch.context() as mp:
-            mp.setenv("HOPRL_POLICY_ADMIN_TOKEN", "flows-test")
-            yield ServiceUrls(
-                retriever=retriever_url, policy=policy.url, judge=judge.url, trainer=trainer.url
-            )
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from services.policy.model import resolve_model
-
-    tokenizer = resolve_model(None, ROOT / ".hoprl/models/smollm2-135m-instruct")
-    return str(trainer_fixtures.make_tiny_model(tokenizer, tmp_path_factory.mktemp("tiny") / "model"))
+def urls(
+    env: Path, live_services: Callable[[Path], AbstractContextManager[ServiceUrls]]
+) -> Iterator[ServiceUrls]:
+    with live_services(env) as started, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOPRL_POLICY_ADMIN_TOKEN", "flows-test")
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -182,16 +122,16 @@ def test_evaluate_stores_predictions_and_publishes_the_report(
     assert len(reg.predictions(final["evaluation_id"])) == LIMIT
     folder = Path(final["report"]).parent
     report = Path(final["report"]).read_text()
-    assert "| final | when-to-search |" in report and "p=" in report
+    assert "| final | when-to-search |" in report
+    assert re.search(r"\| final \| [+-]\d\.\d{3} \| \[-?\d\.\d\d, -?\d\.\d\d\] \| [\d.e-]+ \|", report)
     assert (folder / "accuracy_vs_retrievals.png").stat().st_size > 1000
 
-    async def artifact_keys() -> set[str]:
+    async def all_keys() -> set[str]:
         async with get_client() as client:
             return {a.key for a in await client.read_artifacts() if a.key}
 
-    import asyncio
-
-    assert {"eval-run-report", "eval-run-accuracy"} <= asyncio.run(artifact_keys())
+    # No pipeline flow run is linked to eval-run: the artifacts belong to the evaluate flow runs.
+    assert {"eval-run-report", "eval-run-accuracy"} <= asyncio.run(all_keys())
 
 
 def test_train_runs_segments_and_switches_stage(
@@ -277,6 +217,25 @@ def test_pipeline_resumes_with_the_same_run_id(urls: ServiceUrls, tiny_model: st
     run = reg.get_run("resumed")
     assert run is not None and run.status == "succeeded" and run.prefect_flow_run_id
     assert Path(first["report"]).is_file() and any(p.endswith("training.png") for p in first["plots"])
+    # The report and the plots are artifacts of each pipeline flow run itself (its Artifacts tab),
+    # one of each: published four times in the first run (three evaluations, the end), updated in
+    # place; the resumed run, whose stages were all skipped, publishes them at its end.
+    assert first["prefect_flow_run_id"] != second["prefect_flow_run_id"] == run.prefect_flow_run_id
+    keys = ["resumed-accuracy", "resumed-report", "resumed-training"]
+    assert artifact_keys(first["prefect_flow_run_id"]) == artifact_keys(second["prefect_flow_run_id"]) == keys
+
+
+def artifact_keys(flow_run_id: str) -> list[str]:
+    """The keys of the artifacts that belong to a flow run, as its Artifacts tab lists them."""
+
+    async def read() -> list[str]:
+        async with get_client() as client:
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
+            )
+        return sorted(a.key or "" for a in found)
+
+    return asyncio.run(read())
 
 
 def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(

@@ -1,0 +1,106 @@
+"""Progress of the pipeline in its log: a line per stage, and a trainer job's step / total, ETA, reward.
+
+``hoprl pipeline`` (``make run``) spends most of its time waiting for trainer jobs (the SFT warm
+start, then the RL segments) that run in the trainer service's own worker processes, whose logs
+are ``<run>/jobs/<job>/worker.log``. While the flow waits, :func:`watch_job` polls
+``GET /v1/jobs/{id}`` and logs a line when the job reaches a new step (at most one every
+``every_s`` seconds, and always the last), and :func:`stage` logs each pipeline stage as it starts
+and ends. They go through the flow run's logger, so the same lines show in the terminal of
+``hoprl pipeline``, in a Prefect worker's output and in the Prefect UI::
+
+    stage warm_start: started
+    sft job-3f2a (warm start) [#####-----] step 12/24 (50%), loss 1.234, 3.1 s/step, ETA 37 s
+    stage warm_start: done in 1 min 20 s
+
+Log lines rather than a live rich bar: Prefect's console handler writes the flow's other log
+lines straight to stderr, which would tear a live bar drawn by the same process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prefect import get_run_logger
+
+from hoprl.clients.trainer import TERMINAL, TrainerClient
+from services.trainer.protocol import Job
+
+
+def duration(seconds: float) -> str:
+    """``37 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def bar(done: int, total: int, width: int = 10) -> str:
+    """``[#####-----]`` for 12 of 24."""
+    filled = min(width, round(width * done / total)) if total > 0 else width
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def progress_line(job: Job, label: str, seconds_per_step: float | None) -> str:
+    """One line of a job's progress: step / total, its latest reward and loss, speed and ETA."""
+    percent = round(100 * job.step / job.steps) if job.steps else 100
+    head = f"{job.objective} {job.id} ({label}) {bar(job.step, job.steps)}"
+    parts = [f"{head} step {job.step}/{job.steps} ({percent}%)"]
+    parts += [f"{name} {job.metrics[name]:.3f}" for name in ("reward", "loss") if name in job.metrics]
+    if job.status in TERMINAL:
+        parts.append(job.status)
+    elif seconds_per_step is not None:
+        eta = duration(seconds_per_step * max(0, job.steps - job.step))
+        parts.append(f"{seconds_per_step:.1f} s/step, ETA {eta}")
+    return ", ".join(parts)
+
+
+def watch_job(
+    client: TrainerClient,
+    job_id: str,
+    label: str,
+    poll_s: float = 2.0,
+    every_s: float = 5.0,
+    timeout_s: float = 24 * 3600,
+) -> Job:
+    """Wait until trainer job ``job_id`` ends (succeeded, failed or cancelled), logging its progress.
+
+    Args:
+        label: what the job is, for the log (``warm start``, ``segment to step 40``).
+        every_s: at most one progress line this often (the last step is always logged).
+
+    The speed (and so the ETA) is measured from the first step this wait saw completed, so model
+    loading and the steps of an earlier attempt (a resumed job) do not count.
+    """
+    log = get_run_logger()
+    deadline = time.monotonic() + timeout_s
+    first: tuple[float, int] | None = None  # (when, step) of the first step change seen
+    seen, logged_at = -1, 0.0
+    while True:
+        job, now = client.get(job_id), time.monotonic()
+        if seen >= 0 and job.step != seen and first is None:
+            first = (now, job.step)
+        rate = (now - first[0]) / (job.step - first[1]) if first and job.step > first[1] else None
+        if job.status in TERMINAL or (job.step != seen and now - logged_at >= every_s):
+            log.info("%s", progress_line(job, label, rate))
+            logged_at = now
+        if job.status in TERMINAL:
+            return job
+        if now > deadline:
+            raise TimeoutError(f"job {job_id} still {job.status} at step {job.step} after {timeout_s:.0f} s")
+        seen = job.step
+        time.sleep(poll_s)
+
+
+@contextmanager
+def stage(name: str, **details: Any) -> Iterator[None]:
+    """Log ``stage NAME: started`` and, when the block ends without an error, ``done in ...``."""
+    log, start = get_run_logger(), time.monotonic()
+    extra = "".join(f", {k} {v}" for k, v in details.items())
+    log.info("stage %s: started%s", name, extra)
+    yield
+    log.info("stage %s: done in %s", name, duration(time.monotonic() - start))

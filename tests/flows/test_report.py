@@ -1,0 +1,87 @@
+"""The run report as the Prefect UI shows it: narrow tables, and a plot whose labels never overlap.
+
+No services: a SQLite registry in a temp folder holds the evaluations the report reads back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.text import Text
+
+from flows.report import accuracy_figure, markdown_table
+from flows.runs import registry
+from hoprl.registry import Prediction
+
+# (label, recipe, per-question EM): three evaluations on the same point (EM 0, 1 retrieval)
+EVALUATIONS = [
+    ("baseline", "when-to-search", [0, 0, 0, 0]),
+    ("baseline/naive-rag", "naive-rag", [0, 0, 0, 0]),
+    ("baseline/search-r1", "search-r1", [0, 0, 0, 0]),
+    ("final", "when-to-search", [1, 1, 0, 1]),
+]
+
+
+@pytest.fixture
+def run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("HOPRL_DATABASE_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+    monkeypatch.setenv("HOPRL_RUNS_DIR", str(tmp_path / "runs"))
+    reg = registry()
+    reg.create_run("report-run", "when-to-search", "grpo", "tiny", {}, 0)
+    for label, recipe, ems in EVALUATIONS:
+        metrics = {
+            "label": label, "recipe": recipe, "questions": len(ems), "em": sum(ems) / len(ems),
+            "f1": sum(ems) / len(ems), "judge_accuracy": 0.5, "retrieval_count": 1.0,
+            "recall@2": 0.25, "recall@5": 0.5, "full_recall@5": 0.25, "map@10": 0.3125,
+            "latency_p50_s": 1.234,
+        }  # fmt: skip
+        predictions = [
+            Prediction(question_id=f"q{i}", prediction="x", refused=False, em=em, f1=em,
+                       judge_verdict=bool(em), retrieval_count=1, latency=1.0)
+            for i, em in enumerate(ems)
+        ]  # fmt: skip
+        reg.add_evaluation("report-run", "synthetic", "test", metrics, predictions)
+    yield "report-run"
+
+
+def test_report_tables_are_narrow(run_id: str) -> None:
+    """Every table has at most 6 columns and no cell over 24 characters (one 12-column table with
+    a 30-character last cell was cut off in the Prefect UI)."""
+    text = markdown_table(run_id)
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+    assert max(len(c) for c in cells) <= 6
+    assert max(len(v) for c in cells for v in c) <= 24
+    # Nothing was dropped: every evaluation and every metric is still in the report.
+    for label, _, _ in EVALUATIONS:
+        assert sum(c[0] == label for c in cells) == 3  # answers, EM vs baseline, retrieval
+    assert "| final | when-to-search | 0.750 | 0.750 | 0.500 | 1.000 |" in text
+    assert "| final | 0.250 | 0.500 | 0.250 | 0.312 | 1.234 |" in text
+    # final vs baseline: EM 0.75 vs 0 on the same 4 questions, a difference of +0.750
+    (final,) = [c for c in cells if c[0] == "final" and c[1].startswith("+")]
+    assert final[1] == "+0.750" and final[2].startswith("[")
+
+
+def test_accuracy_plot_labels_never_overlap() -> None:
+    """Three evaluations on one point and one apart: every name is drawn once, inside the
+    figure, and no two names overlap (labels written at the points covered each other)."""
+    points = [(f"{label} ({recipe})", 1.0, sum(ems) / len(ems)) for label, recipe, ems in EVALUATIONS]
+    fig = accuracy_figure("report-run: accuracy vs retrieval count", points)
+    try:
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        fig.draw(renderer)
+        names = {name for name, _, _ in points}
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text() in names]
+        assert sorted(t.get_text() for t in texts) == sorted(names)
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        figure = fig.bbox
+        assert all(figure.x0 <= b.x0 and b.x1 <= figure.x1 and figure.y0 <= b.y0 and b.y1 <= figure.y1
+                   for b in boxes)  # fmt: skip
+        for a, b in itertools.combinations(boxes, 2):
+            assert not a.overlaps(b), "two evaluation names overlap"
+    finally:
+        plt.close(fig)
