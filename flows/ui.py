@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+    except (RuntimeError, subprocess.CalledProcessError) as exc:  # said what failed; no traceback
+        print(f"make ui: {exc}", file=sys.stderr)
+        return 1
     finally:
         for proc in reversed(procs.values()):
             stop(proc)

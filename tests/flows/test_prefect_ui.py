@@ -30,7 +30,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from flows.stack import ServiceUrls
 from hoprl.pipeline_cli import prefect_api
@@ -158,30 +157,6 @@ def test_no_flows_module_shadows_a_top_level_module() -> None:
         assert importlib.machinery.PathFinder.find_spec(name, elsewhere) is None, (
             f"flows/{name}.py shadows {name}"
         )
-
-
-# What a worker's flow-run process does with a deployment's entrypoint (prefect.flow_engine).
-LOAD = """
-import json, sys
-from prefect.flows import load_flow_from_entrypoint
-flow = load_flow_from_entrypoint(sys.argv[1], use_placeholder_flow=False)
-print(json.dumps({"name": flow.name, "parameters": sorted(flow.parameters.properties)}))
-"""
-
-
-def test_the_compose_deployment_loads_its_flow_as_the_worker_does() -> None:
-    """compose registers ``infra/prefect/prefect.yaml``; its worker's flow-run process changes to
-    the image's /app (the pull step) and loads the entrypoint with Prefect's loader: here the
-    same, from the repository root, in a fresh process (no module of ours imported before)."""
-    config = yaml.safe_load((ROOT / "infra" / "prefect" / "prefect.yaml").read_text())
-    (deployment,) = config["deployments"]
-    proc = subprocess.run(
-        [sys.executable, "-c", LOAD, deployment["entrypoint"]], cwd=ROOT, capture_output=True, text=True,
-        env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}, timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert loaded["name"] == "pipeline" and set(deployment["parameters"]) <= set(loaded["parameters"])
 
 
 @pytest.mark.integration
