@@ -79,12 +79,18 @@ class TrainingEngine(TransformersEngine):
         )
 
     def load(self, path: str) -> None:
+        from services.policy.decoding import Batcher
+
         model, tokenizer = self._live
-        tokenizer = copy.deepcopy(tokenizer)  # the engine left-pads; the trainer's copy stays as it is
-        tokenizer.padding_side = "left"
+        tokenizer = copy.deepcopy(tokenizer)  # the engine may set a pad token; the trainer's copy stays
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self.model, self.tokenizer, self.model_path = model, tokenizer, path
+        batcher = Batcher(model, tokenizer, self.max_batch, self.autocast, self.prefill_threads)
+        with self.lock:
+            old, self.batcher = self.batcher, batcher
+            self.model, self.tokenizer, self.model_path = model, tokenizer, path
+        if old is not None:
+            old.retire()
 
 
 @contextmanager
