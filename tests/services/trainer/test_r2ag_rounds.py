@@ -3,6 +3,7 @@ to its gold-hit branches, trains one step, and the forest survives in the checkp
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -28,17 +29,20 @@ SAMPLES = 4
 
 
 class TwoBranchR2ag(R2ag):
-    """R2AG with expansions a random model makes: a segment ends at the first space; its length
-    (halved, mod 3) picks two base queries (a gold hop and a distractor), the other gold hop and
-    the same distractor, or a stop. A random model never writes ``<think>``, so the double scores each
-    expansion as if its text began with one (the reward would otherwise be 0 for every sample)."""
+    """R2AG with expansions a random model makes: a segment ends at the first space; the n-th
+    parsed segment (n mod 3) picks two base queries (a gold hop and a distractor), the other gold
+    hop and the same distractor, or a stop, whatever the model wrote, so any sampler gives a group
+    with two different gold hits and a premature stop. A random model never writes ``<think>``, so
+    the double scores each expansion as if its text began with one (the reward would otherwise be
+    0 for every sample)."""
 
     stop = [" "]  # noqa: RUF012
     hits: tuple[str, str] = ("", "")
     miss = ""
+    parsed = itertools.count()
 
     def parse(self, segment: str) -> Action:
-        pick = len(segment) // 2 % 3
+        pick = next(self.parsed) % 3
         if pick == 2:
             return Action("stop")
         hit = self.hits[pick]
@@ -89,6 +93,7 @@ def test_round_expands_prunes_and_trains(tiny_model: str, retriever_url: str, co
     gold = {normalize_title(t) for t in question.gold_titles}
     monkeypatch.setattr(TwoBranchR2ag, "hits", (hops_for(question)[0].query, hops_for(question)[1].query))
     monkeypatch.setattr(TwoBranchR2ag, "miss", next(p.title for p in question.paragraphs if not p.is_gold))
+    monkeypatch.setattr(TwoBranchR2ag, "parsed", itertools.count())
     monkeypatch.setitem(RECIPES, "r2ag", TwoBranchR2ag)
     data = tmp_path / "train.jsonl"
     write_jsonl(data, [question])
@@ -124,7 +129,7 @@ def test_round_expands_prunes_and_trains(tiny_model: str, retriever_url: str, co
         )
         if step.action == "search" and kept and kept not in expected:
             expected.append(kept)
-    assert len(expected) >= 2, "the seed should give samples hitting different gold documents"
+    assert len(expected) == 2, "the samples hit both gold documents (parses 0 and 1 of every three)"
     state = json.loads((folder / STATE_FILE).read_text())
     assert state["loop"] == "r2ag-rounds" and state["round"] == 2 and state["question_ids"] == [question.id]
     forest = [tree_from_dict(t) for t in state["forest"]]
