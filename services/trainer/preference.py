@@ -49,6 +49,7 @@ import hashlib
 import json
 import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,13 +244,25 @@ def train_preference(
     """Minimise :func:`pair_loss` over ``pairs`` for ``config.epochs``; returns the batch losses.
 
     ``optimizer``: keep one across calls (:class:`PreferenceLearner`); default a fresh
-    :func:`make_optimizer`.
+    :func:`make_optimizer`. Seeded by ``config.seed`` (batch order, the encoder's dropout) on a
+    forked torch RNG: the caller's random stream, e.g. the policy's sampling in a job, is left as
+    it was.
     """
     if not pairs:
         raise ValueError("no pairs to train on; store several samples per question")
-    rng = random.Random(config.seed)
-    torch.manual_seed(config.seed)
     optimizer = optimizer or make_optimizer(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return _train(model, pairs, config, optimizer)
+
+
+def _train(
+    model: PreferenceModel,
+    pairs: Sequence[tuple[Item, Item]],
+    config: PreferenceConfig,
+    optimizer: torch.optim.Optimizer,
+) -> list[float]:
+    rng = random.Random(config.seed)
     model.train()
     losses: list[float] = []
     for epoch in range(config.epochs):
@@ -344,7 +357,11 @@ class PreferenceLearner:
 
     def __init__(self, recipe: Any, config: PreferenceConfig, model: PreferenceModel | None = None) -> None:
         self.recipe, self.config = recipe, config
-        self.model = model or PreferenceModel()
+        if model is None:
+            with torch.random.fork_rng(devices=[]):  # seeded heads; the job's RNG stream untouched
+                torch.manual_seed(config.seed)
+                model = PreferenceModel()
+        self.model = model
         self.optimizer = make_optimizer(self.model, config)
         self.held_back: list[tuple[Item, Item]] = []
 
@@ -354,6 +371,7 @@ class PreferenceLearner:
 
     def step(self, episodes: Sequence[Episode]) -> dict[str, float]:
         """Train on this step's pairs of training questions; evaluate on every held-back pair."""
+        began = time.perf_counter()
         pairs = preference_pairs(episodes, self.recipe.config, self.config.delta)
         train = [p for p in pairs if not self.is_held_back(p[0].question_id)]
         held = [p for p in pairs if self.is_held_back(p[0].question_id)]
@@ -370,7 +388,7 @@ class PreferenceLearner:
         )
         if accuracy is not None:
             metrics["preference/eval_accuracy"] = accuracy
-        return metrics
+        return metrics | {"preference/step_s": time.perf_counter() - began}
 
     def save(self, checkpoint: str | Path) -> None:
         """Into ``checkpoint/preference`` (a :meth:`PreferenceModel.save` folder)."""

@@ -218,7 +218,10 @@ def test_the_learner_never_trains_on_held_back_pairs(model: PreferenceModel) -> 
     held = [p for p in pairs if learner.is_held_back(p[0].question_id)]
     trained = [p for p in pairs if not learner.is_held_back(p[0].question_id)]
     assert held and trained and len(pairs) == 12
+    torch.manual_seed(123)
+    rng = torch.get_rng_state()
     metrics = learner.step(episodes)
+    assert torch.equal(torch.get_rng_state(), rng), "the job's sampling RNG must not be reseeded"
     assert learner.held_back == held
     assert {p[0].question_id for p in held}.isdisjoint(p[0].question_id for p in trained)
     assert metrics["preference/train_pairs"] == len(trained) and metrics["preference/eval_pairs"] == len(held)
@@ -280,12 +283,13 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
         assert registry.get_run(run_id).config["hyperparameters"]["preference_model"] is True  # type: ignore[union-attr]
         run_job(run_id, settings, registry)
         series = {name: registry.metric_series(run_id, f"preference/{name}")
-                  for name in ("train_pairs", "eval_pairs", "eval_accuracy", "loss")}  # fmt: skip
+                  for name in ("train_pairs", "eval_pairs", "eval_accuracy", "loss", "step_s")}  # fmt: skip
         checkpoint = Path(registry.checkpoints(run_id)[-1].path)
     assert [s for s, _ in series["train_pairs"]] == [1, 2]
     assert sum(v for _, v in series["train_pairs"]) > 0 and series["loss"]
     accuracy = [v for _, v in series["eval_accuracy"]]
     assert accuracy and all(0.0 <= v <= 1.0 for v in accuracy)
     assert series["eval_pairs"][-1][1] > 0
+    assert [s for s, _ in series["step_s"]] == [1, 2]
     loaded = PreferenceModel.load(checkpoint / "preference")
     assert loaded.score(["<refuse/>"]).shape == (1, 7)
