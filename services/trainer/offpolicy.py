@@ -186,6 +186,8 @@ class OffPolicyTrainer:
             return episodes, {"reward": mean([float(r["total"]) for _, r in rows if "total" in r])}
         rng = random.Random(f"{self.request.seed}:{step}")  # the same draw when a resumed job replays it
         groups = rng.sample(self.train_questions, self.hp.questions_per_step)
+        if self.hp.rollout_seed:  # each episode samples from this seed plus its index (run_episode)
+            self.rollout.opts.episode["seed"] = rng.randrange(2**31)
         weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
         engine = self.rollout.engine
         assert engine is not None

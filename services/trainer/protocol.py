@@ -114,6 +114,12 @@ class Hyperparameters(BaseModel):
         description="PPO/DPO: train on this run's stored episodes (step by step) instead of fresh rollouts",
     )
     pair_delta: float = Field(0.1, ge=0, description="DPO: keep preference pairs whose margin exceeds this")
+    rollout_seed: bool = Field(
+        False,
+        description="PPO/DPO fresh rollouts: sample each episode from its own seed (drawn from the job's "
+        "seed and the step, plus the sample's index), so the same weights give the same episodes on every "
+        "run; seeded calls decode one at a time, so rollouts are slower",
+    )
     advantage: Literal["sequence", "per_step"] | None = Field(
         None,
         description="GRPO family: one advantage per episode from its total reward (sequence), or EVO-RAG's "

@@ -29,10 +29,20 @@ Env = tuple[TrainerSettings, Registry, Path]
 
 
 class ParityEvoRag(EvoRag):
-    """EVO-RAG with actions a random model takes: a segment ends at the first space and reads as
-    REFUSE (odd length) or BACKTRACK (even), so a group's returns differ and DPO finds pairs."""
+    """EVO-RAG with actions a random model takes: a segment reads as REFUSE (odd length) or
+    BACKTRACK (even), so a group's returns differ and DPO finds pairs.
 
-    stop = [" "]  # noqa: RUF012
+    A segment is the step's few random tokens (up to a newline; cut at max_new_tokens_per_step, it
+    is parsed all the same: ``accept_truncated``). It used to end at the first space:
+    most of the tokenizer's tokens begin with one, so most segments were empty, the empty ones
+    merged into one candidate and pairs with an empty side were dropped; with the episodes sampled
+    differently on every run (unseeded rollouts decode in whatever batches form), one run in a few
+    dozen found no pair in either step, DPO never updated, and "no weight changed" failed. The jobs
+    below sample with ``rollout_seed``, so each run draws the same episodes.
+    """
+
+    stop = ["\n"]  # noqa: RUF012
+    accept_truncated = True
 
     def parse(self, segment: str) -> Action:
         return Action("refuse") if len(segment) % 2 else Action("backtrack")
@@ -52,14 +62,14 @@ def env(retriever_url: str, synthetic: dict[str, list[Question]],
 
 
 def run(env: Env, model: str, collection: str, objective: str,
-        steps: int = STEPS, **hp: Any) -> str:  # fmt: skip
+        steps: int = STEPS, seed: int = 0, **hp: Any) -> str:  # fmt: skip
     settings, registry, data = env
     params = Hyperparameters(
         questions_per_step=GROUPS, num_generations=SAMPLES, max_turns=2, max_new_tokens_per_step=8,
-        token_budget=64, save_steps=1, eval_questions=1, learning_rate=1e-3, **hp,
+        token_budget=64, save_steps=1, eval_questions=1, learning_rate=1e-3, **{"rollout_seed": True, **hp},
     )  # fmt: skip
     request = JobRequest(recipe="evo-rag", objective=objective, model=model, dataset=str(data),
-                         collection=collection, steps=steps, hyperparameters=params)  # fmt: skip
+                         collection=collection, steps=steps, seed=seed, hyperparameters=params)  # fmt: skip
     run_id = submit(registry, request).id
     run_job(run_id, settings, registry)
     return run_id
@@ -103,10 +113,25 @@ def test_ppo_job(env: Env, ppo_run: str, tiny_model: str) -> None:
 
 def test_dpo_job(env: Env, tiny_model: str, collection: str) -> None:
     run_id = run(env, tiny_model, collection, "dpo")
-    check_job(env, run_id, tiny_model)
     pairs = [v for _, v in env[1].metric_series(run_id, "pairs")]
-    assert len(pairs) == STEPS and sum(pairs) > 0
+    assert len(pairs) == STEPS and sum(pairs) > 0, "no preference pair: DPO cannot have moved a weight"
+    check_job(env, run_id, tiny_model)
     assert "loss" in env[1].latest_metrics(run_id)
+
+
+def texts(registry: Registry, run_id: str, step: int) -> list[list[str]]:
+    return [[s["text"] for s in r.trajectory["steps"]] for r in registry.episodes(run_id, step=step)]
+
+
+def test_seeded_rollouts_repeat_their_episodes(env: Env, tiny_model: str, collection: str) -> None:
+    """What makes the DPO test deterministic: the same job seed gives the same episodes and pairs
+    (unseeded, the samples differ from run to run), and another seed gives other episodes."""
+    first, again = (run(env, tiny_model, collection, "dpo", steps=1) for _ in range(2))
+    other = run(env, tiny_model, collection, "dpo", steps=1, seed=1)
+    registry = env[1]
+    assert texts(registry, first, 1) == texts(registry, again, 1)
+    assert registry.metric_series(first, "pairs") == registry.metric_series(again, "pairs")
+    assert texts(registry, other, 1) != texts(registry, first, 1)
 
 
 def test_episodes_from(env: Env, ppo_run: str, tiny_model: str,
