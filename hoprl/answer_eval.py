@@ -28,6 +28,9 @@ from hoprl.evaluation import corpus_collection, ensure_indexed, progress
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.schemas import Question
 
+#: outcomes that end an episode by the recipe's own final action
+ENDINGS = ("answer", "refuse", "stop")
+
 
 def prepare_collection(retriever_url: str, questions: Sequence[Question], name: str = "eval") -> str:
     """Index the pooled paragraphs of ``questions`` (the benchmark's corpus) unless already there."""
@@ -48,6 +51,7 @@ def _score(question: Question, reply: Answer | None, error: str | None, latency:
         "f1": f1(prediction or "", question.answers),
         "retrievals": sum(len(s.queries) for s in (reply.steps or [])) if reply else 0,
         "outcome": reply.outcome if reply else "error",
+        "constrained": reply.constrained if reply else False,
         "latency_s": latency,
         "retrieval_s": reply.timings.retrieval_s if reply else 0.0,
         "generation_s": reply.timings.generation_s if reply else 0.0,
@@ -81,7 +85,12 @@ async def _answer_all(
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Means of EM / F1 / retrievals, latency percentiles, outcome counts."""
+    """Means of EM / F1 / retrievals, latency percentiles, outcome counts.
+
+    ``ended``: the share of questions whose episode ended with the recipe's own final action (an
+    answer, a refusal, or R2AG's stop), not a format error, a step or token cap, or an error.
+    ``constrained``: the share answered under the recipe's action grammar.
+    """
     latency = np.array([r["latency_s"] for r in rows]) if rows else np.zeros(1)
 
     def mean(key: str) -> float:
@@ -97,6 +106,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "retrieval_s": mean("retrieval_s"),
         "generation_s": mean("generation_s"),
         "errors": sum(r["error"] is not None for r in rows),
+        "ended": float(np.mean([r["outcome"] in ENDINGS for r in rows])) if rows else 0.0,
+        "constrained": mean("constrained"),
         "outcomes": dict(Counter(r["outcome"] for r in rows)),
     }
 

@@ -43,6 +43,8 @@ class Answer(BaseModel):
     recipe: str
     outcome: Outcome
     model: str
+    constrained: bool = False  # decoded under the recipe's action grammar
+    grammar: str | None = None
 
 
 class Rollout(BaseModel):

@@ -35,8 +35,9 @@ def create_engine(settings: PolicySettings) -> Engine:
     if settings.engine == "vllm":
         return VllmEngine(path, settings.dtype, settings.gpu_memory_utilization)
     return TransformersEngine(
-        path, settings.dtype, settings.torch_threads, settings.max_batch, settings.autocast
-    )
+        path, settings.dtype, settings.torch_threads, settings.max_batch, settings.autocast,
+        settings.prefill_threads,
+    )  # fmt: skip
 
 
 def create_app(settings: PolicySettings | None = None) -> FastAPI:

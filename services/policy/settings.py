@@ -64,6 +64,12 @@ class PolicySettings(ServiceSettings):
         64, ge=1, description="generation requests admitted at once (running + queued); more -> 429"
     )
     max_batch: int = Field(16, ge=1, description="sequences the engine decodes together at most")
+    prefill_threads: int = Field(
+        2,
+        ge=1,
+        description="engine=transformers: prompts prefilled at once, a thread each, beside the decoding "
+        "thread (2 keeps both cores of a 2-core machine busy under concurrent requests)",
+    )
     constrained_decoding: bool = Field(
         True,
         description="/v1/answer decodes each step under the recipe's action grammar (hoprl.agent.grammar), "

@@ -1,0 +1,74 @@
+"""Continuous batching: requests join a running batch at the next token, whatever their parameters.
+
+Before, the engine decoded one left-padded batch of same-parameter requests from start to end: a
+request that came in while a batch ran waited for all of it (16 concurrent /v1/answer clients
+were slower than one). Now each call joins the running batch as soon as its prompt is prefilled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from services.policy.engines import Generation, SamplingParams, TransformersEngine
+
+COUNTING = "1, 2, 3, 4, 5,"  # the model keeps counting: every one of max_tokens is used
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: str) -> TransformersEngine:
+    return TransformersEngine(model_path)
+
+
+def test_a_later_request_joins_the_running_batch(engine: TransformersEngine) -> None:
+    """B arrives while A decodes, with other max_tokens, stop and temperature: it shares A's steps
+    and ends long before A does (it used to wait for A's whole batch)."""
+    started = threading.Event()
+    ended: dict[str, float] = {}
+    results: dict[str, Generation] = {}
+
+    def run(name: str, prompt: str, params: SamplingParams) -> None:
+        (results[name],) = engine.generate([prompt], params)[0]
+        ended[name] = time.monotonic()
+
+    long = SamplingParams(max_tokens=96, temperature=0, on_text=lambda _c, _t: started.set())
+    a = threading.Thread(target=run, args=("a", COUNTING, long))
+    a.start()
+    assert started.wait(120)  # A is decoding
+    run("b", "The capital of France is", SamplingParams(max_tokens=6, temperature=0.7, stop=("\n",)))
+    a.join()
+    assert results["a"].finish_reason == "length" and len(results["a"].token_ids) == 96
+    assert 1 <= len(results["b"].token_ids) <= 6
+    assert ended["b"] < ended["a"] and engine.batcher.widest >= 2  # B decoded in A's steps
+
+
+def test_rows_of_one_call_with_different_lengths_are_each_exact(engine: TransformersEngine) -> None:
+    """A short row leaves the batch when it ends; the long one goes on and equals its run alone."""
+    greedy = SamplingParams(max_tokens=24, temperature=0, stop=("7",))
+    prompts = [COUNTING, "Name three colors."]
+    alone = [engine.generate([p], greedy)[0][0] for p in prompts]
+    together = [g[0] for g in engine.generate(prompts, greedy)]
+    assert [g.text for g in together] == [g.text for g in alone]
+    assert together[0].stop_reason == "7" and together[0].finish_reason == "stop"
+
+
+def test_closing_fails_the_calls_it_holds(model_path: str) -> None:
+    engine = TransformersEngine(model_path)
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def run() -> None:
+        params = SamplingParams(max_tokens=200, temperature=0, on_text=lambda _c, _t: started.set())
+        try:
+            engine.generate([COUNTING], params)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(120)
+    engine.close()
+    thread.join(60)
+    assert not thread.is_alive() and errors and "closed" in str(errors[0])
