@@ -67,11 +67,9 @@ def make_trainer(
     tiny_model: str, retriever_url: str, collection: str, questions: list[Question], tmp: Path,
     objective: str = "grpo", recipe: Any = None, steps: int = 2, **hp: Any,
 ) -> Any:  # fmt: skip
-    hp = {"learning_rate": 1e-2, **hp}
-    params = Hyperparameters(
-        questions_per_step=2, num_generations=3, max_turns=2, max_new_tokens_per_step=12,
-        token_budget=96, save_steps=100, **hp,
-    ).resolved("search-r1")  # fmt: skip
+    hp = {"learning_rate": 1e-2, "questions_per_step": 2, "num_generations": 3, "max_turns": 2,
+          "max_new_tokens_per_step": 12, "token_budget": 96, "save_steps": 100, **hp}  # fmt: skip
+    params = Hyperparameters(**hp).resolved("search-r1")
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     recipe = recipe or LengthRecipe()
@@ -343,16 +341,18 @@ def test_each_steps_tokens_get_that_steps_advantage(tiny_model: str) -> None:
 
 
 class SpaceEvoRag(EvoRag):
-    """EVO-RAG for a random model: a segment ends at the first space and reads as a SEARCH (odd
-    length; documents are injected after it) or a BACKTRACK (even), so episodes run two steps
-    whose step rewards differ within a group."""
+    """EVO-RAG for a random model: a segment ends at the first space and reads, by the sum of its
+    character codes mod 3, as a SEARCH (documents are injected after it), a BACKTRACK or a REFUSE
+    (which ends the episode), so a group's episodes differ in length and in step rewards (a group
+    of 6 has all its first steps alike with probability 3 / 3^6)."""
 
     stop = [" "]  # noqa: RUF012
 
     def parse(self, segment: str) -> Action:
-        if len(segment) % 2:
+        kind = sum(map(ord, segment)) % 3
+        if kind == 0:
             return Action("search", queries=["river city capital"], query_kinds=["search"])
-        return Action("backtrack")
+        return Action("backtrack") if kind == 1 else Action("refuse")
 
 
 class Generated(HoprlGRPOTrainer):
@@ -375,7 +375,8 @@ def test_per_step_advantages_reach_trl_and_a_step_follows_them(
     import statistics
 
     trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, steps=1,
-                           learning_rate=1e-4, recipe=SpaceEvoRag(), advantage="per_step")  # fmt: skip
+                           learning_rate=1e-4, recipe=SpaceEvoRag(), advantage="per_step",
+                           num_generations=6)  # fmt: skip
     assert trainer.advantage == "per_step"
     trainer.__class__ = Generated
     before = copy.deepcopy(trainer.model)

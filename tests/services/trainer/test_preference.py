@@ -242,15 +242,17 @@ def test_save_and_load_give_the_same_scores(model: PreferenceModel, tmp_path: Pa
 
 
 class ParityEvoRag(EvoRag):
-    """EVO-RAG for a random model: a segment ends at the first space and reads as REFUSE (odd sum of
-    character codes) or BACKTRACK (even), so a group's first steps differ in weighted return: pairs."""
+    """EVO-RAG for a random model: a segment ends at the first space and reads, by the sum of its
+    character codes mod 3, as REFUSE, BACKTRACK or ANSWER, so a group's first steps differ in
+    weighted return (a group of 6 samples is all alike with probability 3 / 3^6): pairs."""
 
     stop = [" "]  # noqa: RUF012
 
     def parse(self, segment: str) -> Any:
         from hoprl.recipes.base import Action
 
-        return Action("refuse") if sum(map(ord, segment)) % 2 else Action("backtrack")
+        kind = sum(map(ord, segment)) % 3
+        return [Action("refuse"), Action("backtrack"), Action("answer", answer="x")][kind]
 
 
 @pytest.mark.parametrize("objective", ["grpo", "ppo"])
@@ -259,7 +261,8 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
     synthetic: dict[str, list[Question]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """Algorithm 1 in a job: each step's sibling pairs train the preference model, held-back pairs
-    give preference/eval_accuracy in the registry, and every checkpoint holds the model."""
+    give preference/eval_accuracy in the registry, and every checkpoint holds the model. (With
+    seed 0 and a share of 0.25 the first training question is the held-back one.)"""
     from hoprl.data.synthetic import write_jsonl
     from hoprl.recipes import RECIPES
     from hoprl.registry.store import Registry
@@ -273,7 +276,7 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     settings = TrainerSettings(database_url=url, runs_dir=tmp_path / "runs", retriever_url=retriever_url,
                                torch_threads=1)  # fmt: skip
-    hp = Hyperparameters(questions_per_step=4, num_generations=4, max_turns=2, max_new_tokens_per_step=8,
+    hp = Hyperparameters(questions_per_step=4, num_generations=6, max_turns=2, max_new_tokens_per_step=8,
                          token_budget=64, save_steps=2, eval_questions=1, learning_rate=1e-3,
                          preference_eval_share=0.25)  # fmt: skip
     request = JobRequest(recipe="evo-rag", objective=objective, model=tiny_model, dataset=str(data),
