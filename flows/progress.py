@@ -9,8 +9,14 @@ and ends. They go through the flow run's logger, so the same lines show in the t
 ``hoprl pipeline``, in a Prefect worker's output and in the Prefect UI::
 
     stage warm_start: started
+    sft job-3f2a (warm start) [----------] step 0/24 (0%), 0 s in
+    sft job-3f2a (warm start) [----------] step 0/24 (0%), 1 min 00 s in
     sft job-3f2a (warm start) [#####-----] step 12/24 (50%), loss 1.234, 3.1 s/step, ETA 37 s
-    stage warm_start: done in 1 min 20 s
+    sft job-3f2a (warm start) [##########] step 24/24 (100%), loss 0.871, succeeded
+    stage warm_start: done in 1 min 50 s
+
+A job that shows no new step for ``quiet_s`` seconds (loading the model, a slow first rollout)
+gets a line anyway, with the time since the wait began, so the terminal is never silent for long.
 
 Log lines rather than a live rich bar: Prefect's console handler writes the flow's other log
 lines straight to stderr, which would tear a live bar drawn by the same process.
@@ -45,17 +51,22 @@ def bar(done: int, total: int, width: int = 10) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
-def progress_line(job: Job, label: str, seconds_per_step: float | None) -> str:
-    """One line of a job's progress: step / total, its latest reward and loss, speed and ETA."""
+def progress_line(job: Job, label: str, seconds_per_step: float | None, waited_s: float) -> str:
+    """One line of a job's progress: step / total, its latest reward and loss, speed and ETA (or
+    the time waited, before the speed is known)."""
     percent = round(100 * job.step / job.steps) if job.steps else 100
     head = f"{job.objective} {job.id} ({label}) {bar(job.step, job.steps)}"
     parts = [f"{head} step {job.step}/{job.steps} ({percent}%)"]
     parts += [f"{name} {job.metrics[name]:.3f}" for name in ("reward", "loss") if name in job.metrics]
     if job.status in TERMINAL:
         parts.append(job.status)
+    elif job.step >= job.steps:
+        parts.append("saving")
     elif seconds_per_step is not None:
-        eta = duration(seconds_per_step * max(0, job.steps - job.step))
+        eta = duration(seconds_per_step * (job.steps - job.step))
         parts.append(f"{seconds_per_step:.1f} s/step, ETA {eta}")
+    else:
+        parts.append(f"{duration(waited_s)} in")
     return ", ".join(parts)
 
 
@@ -65,6 +76,7 @@ def watch_job(
     label: str,
     poll_s: float = 2.0,
     every_s: float = 5.0,
+    quiet_s: float = 60.0,
     timeout_s: float = 24 * 3600,
 ) -> Job:
     """Wait until trainer job ``job_id`` ends (succeeded, failed or cancelled), logging its progress.
@@ -72,22 +84,25 @@ def watch_job(
     Args:
         label: what the job is, for the log (``warm start``, ``segment to step 40``).
         every_s: at most one progress line this often (the last step is always logged).
+        quiet_s: a line this long after the last one even without a new step.
 
     The speed (and so the ETA) is measured from the first step this wait saw completed, so model
     loading and the steps of an earlier attempt (a resumed job) do not count.
     """
     log = get_run_logger()
-    deadline = time.monotonic() + timeout_s
+    began = time.monotonic()
+    deadline = began + timeout_s
     first: tuple[float, int] | None = None  # (when, step) of the first step change seen
-    seen, logged_at = -1, 0.0
+    seen, logged, logged_at = -1, -1, 0.0
     while True:
         job, now = client.get(job_id), time.monotonic()
         if seen >= 0 and job.step != seen and first is None:
             first = (now, job.step)
         rate = (now - first[0]) / (job.step - first[1]) if first and job.step > first[1] else None
-        if job.status in TERMINAL or (job.step != seen and now - logged_at >= every_s):
-            log.info("%s", progress_line(job, label, rate))
-            logged_at = now
+        new_step = job.step != logged and now - logged_at >= every_s
+        if job.status in TERMINAL or new_step or now - logged_at >= quiet_s:
+            log.info("%s", progress_line(job, label, rate, now - began))
+            logged, logged_at = job.step, now
         if job.status in TERMINAL:
             return job
         if now > deadline:

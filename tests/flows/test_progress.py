@@ -1,0 +1,54 @@
+"""The progress lines ``hoprl pipeline`` prints while a trainer job runs (table-driven)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.progress import bar, duration, progress_line
+from services.trainer.protocol import Job
+
+
+def job(step: int, status: str = "running", **metrics: float) -> Job:
+    return Job.model_validate(
+        {"id": "job-1", "status": status, "recipe": "search-r1", "objective": "grpo", "model": "m",
+         "step": step, "steps": 10, "metrics": metrics}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0 s"), (59.4, "59 s"), (60, "1 min 00 s"), (185, "3 min 05 s"), (3600, "1 h 00 min"),
+     (7380, "2 h 03 min")],
+)  # fmt: skip
+def test_duration(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("done", "total", "text"),
+    [(0, 10, "[----------]"), (3, 10, "[###-------]"), (12, 24, "[#####-----]"), (10, 10, "[##########]"),
+     (11, 10, "[##########]"), (0, 0, "[##########]")],
+)  # fmt: skip
+def test_bar(done: int, total: int, text: str) -> None:
+    assert bar(done, total) == text
+
+
+HEAD = "grpo job-1 (seg)"
+
+
+@pytest.mark.parametrize(
+    ("state", "rate", "waited", "text"),
+    [
+        # before any step: how long the wait has lasted (model loading, the first rollouts)
+        (job(0), None, 75.0, f"{HEAD} [----------] step 0/10 (0%), 1 min 15 s in"),
+        # 3 of 10 steps at 12 s/step: 7 x 12 = 84 s left
+        (job(3, reward=0.25, loss=0.5), 12.0, 100.0,
+         f"{HEAD} [###-------] step 3/10 (30%), reward 0.250, loss 0.500, 12.0 s/step, ETA 1 min 24 s"),
+        (job(10, reward=1.0), 12.0, 200.0, f"{HEAD} [##########] step 10/10 (100%), reward 1.000, saving"),
+        (job(10, "succeeded", loss=0.125), 12.0, 210.0,
+         f"{HEAD} [##########] step 10/10 (100%), loss 0.125, succeeded"),
+        (job(4, "failed"), None, 30.0, f"{HEAD} [####------] step 4/10 (40%), failed"),
+    ],
+)  # fmt: skip
+def test_progress_line(state: Job, rate: float | None, waited: float, text: str) -> None:
+    assert progress_line(state, "seg", rate, waited) == text
