@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -73,30 +73,62 @@ def sampling_params(
                           seed=seed, logprobs=logprobs, deadline=deadline, grammar=grammar)  # fmt: skip
 
 
+#: tokens an information turn is assumed to take before the episode has shown one
+INFORMATION_GUESS = 512
+
+
 @dataclass(frozen=True)
 class Constraint:
     """Serve an episode under its recipe's action grammar (:mod:`hoprl.agent.grammar`).
 
     Args:
         recipe: the recipe's name (its grammar family).
-        max_steps: the episode's step cap; the step that reaches it may only end the episode.
-        step_tokens: the runner's full ``max_tokens`` per step. A call asking for fewer tokens
-            means the episode's token budget is nearly spent, so that step may only end it too.
+        max_steps: the episode's step cap.
+        step_tokens: the runner's full ``max_tokens`` per step (a call asking for fewer means the
+            runner's token budget is nearly spent).
+        token_budget: the episode's budget of context growth (the runner's ``token_budget``).
+        count: tokens of a chat under the model's template.
+
+    A step may only end the episode (the grammar's *final* turn) when it is the last allowed step,
+    or when the budget could not hold this step, the documents a search would bring (as many
+    tokens as the largest information turn so far) and a closing step after them: otherwise the
+    runner would stop the episode for its budget with no answer.
     """
 
     recipe: str
     max_steps: int
     step_tokens: int
+    token_budget: int
+    count: Callable[[Messages], int]
 
-    def grammar(self, messages: Messages, step: int, max_tokens: int) -> Grammar | None:
-        """The grammar of step ``step`` (0-based) after ``messages``; None when even its tags do not
-        fit in ``max_tokens`` (that step decodes free and the response says so)."""
-        after_information = len(messages) >= 2 and messages[-2]["role"] == "assistant"
-        final = step + 1 >= self.max_steps or max_tokens < self.step_tokens
+    def grammar(
+        self, messages: Messages, step: int, max_tokens: int, grown: int, information: int
+    ) -> Grammar | None:
+        """The grammar of step ``step`` (0-based) after ``messages``, the chat having ``grown`` tokens
+        since its first prompt; None when even the tags do not fit in ``max_tokens`` (that step
+        decodes free and the response says so)."""
+        after = len(messages) >= 2 and messages[-2]["role"] == "assistant"
         try:
-            return grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after_information, final))
+            final = step + 1 >= self.max_steps or max_tokens < self.step_tokens
+            if not final:
+                normal = grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after, False))
+                closing = grammar(self.recipe, max_tokens=max_tokens, turn=Turn(True, True))
+                final = grown + normal.longest + information + closing.longest > self.token_budget
+                if not final:
+                    return normal
+            return grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after, True))
         except ValueError:
             return None
+
+
+def chat_tokens(tokenizer: Any) -> Callable[[Messages], int]:
+    """``count(messages)``: tokens of a chat under ``tokenizer``'s template, as the engine encodes it."""
+
+    def count(messages: Messages) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return count
 
 
 class EngineChat:
@@ -119,6 +151,7 @@ class EngineChat:
         self.engine, self.deadline, self.logprobs, self.constraint = engine, deadline, logprobs, constraint
         self.calls: list[Generation] = []
         self.grammars: list[str | None] = []
+        self.sizes: list[int] = []  # tokens of the chat at each constrained call
 
     async def chat(
         self,
@@ -133,7 +166,7 @@ class EngineChat:
         logprobs: bool = False,
     ) -> list[Completion]:
         stop = list(stop or [])
-        rule = self.constraint.grammar(messages, len(self.calls), max_tokens) if self.constraint else None
+        rule = self.rule(messages, max_tokens) if self.constraint else None
         params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs or self.logprobs,
                                  self.deadline, rule.lark if rule else None)  # fmt: skip
         gens = await self.generate(messages, params)
@@ -144,6 +177,16 @@ class EngineChat:
     async def generate(self, messages: Messages, params: SamplingParams) -> list[Generation]:
         (gens,) = await run_in_threadpool(self.engine.generate, [messages], params)
         return gens
+
+    def rule(self, messages: Messages, max_tokens: int) -> Grammar | None:
+        """The constraint's grammar for the next step, from the chat's growth so far."""
+        assert self.constraint is not None
+        self.sizes.append(self.constraint.count(messages))
+        turns = zip(self.sizes, self.sizes[1:], self.calls, strict=False)
+        information = max((after - before - len(g.token_ids) for before, after, g in turns), default=0)
+        grown = self.sizes[-1] - self.sizes[0]
+        step = len(self.calls)
+        return self.constraint.grammar(messages, step, max_tokens, grown, max(information, INFORMATION_GUESS))
 
 
 class Lockstep:
@@ -384,7 +427,10 @@ class Policy:
                 )  # fmt: skip
             return None
         cap = min(max_steps, getattr(recipe, "max_steps", max_steps))
-        return Constraint(recipe.name, cap, self.settings.max_tokens_per_step)
+        s = self.settings
+        return Constraint(
+            recipe.name, cap, s.max_tokens_per_step, s.token_budget, chat_tokens(self.engine.tokenizer)
+        )
 
     async def rollouts(self, body: RolloutRequest) -> list[Rollout]:
         s, sp = self.settings, body.sampling

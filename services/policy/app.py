@@ -36,7 +36,7 @@ def create_engine(settings: PolicySettings) -> Engine:
         return VllmEngine(path, settings.dtype, settings.gpu_memory_utilization)
     return TransformersEngine(
         path, settings.dtype, settings.torch_threads, settings.max_batch, settings.autocast,
-        settings.prefill_threads,
+        settings.prefill_threads, settings.prefix_cache_tokens,
     )  # fmt: skip
 
 

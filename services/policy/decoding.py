@@ -41,6 +41,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from services.policy.engines import Generation, SamplingParams, find_stop
+from services.policy.prefix_cache import PrefixCache
 from services.policy.streaming import TextStream
 
 log = logging.getLogger("hoprl.policy")
@@ -89,8 +90,9 @@ class Batcher:
     """The decoding loop of one loaded model. ``run(call)`` blocks until the call's rows ended."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, max_batch: int, autocast: bool, prefill_threads: int = 2
-    ) -> None:
+        self, model: Any, tokenizer: Any, max_batch: int, autocast: bool, prefill_threads: int = 2,
+        prefix_cache: int = 0,
+    ) -> None:  # fmt: skip
         probe = DynamicCache(config=model.config)
         if any(type(layer) is not DynamicLayer for layer in probe.layers):
             raise ValueError(
@@ -110,6 +112,7 @@ class Batcher:
         self.alone: Call | None = None
         self.retired = self.closed = False
         self.grammar_tokenizer: Any = None
+        self.prefixes = PrefixCache(prefix_cache)
         self.steps = self.widest = 0  # decode steps so far, and the most rows one of them decoded
         self.threads = [
             *(
@@ -216,15 +219,28 @@ class Batcher:
         for row in call.rows:
             key = tuple(row.prompt)
             if key not in shared:  # n choices, or a group's samples, share the prompt's run
-                cache = DynamicCache(config=self.model.config)
-                ids = torch.tensor([row.prompt])
-                with self._inference():
-                    out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-                shared[key] = (cache, out.logits[0, -1].float())
+                shared[key] = self._forward_prompt(row.prompt)
             cache, logits = shared[key]
-            if not self._advance(row, self._choose(row, logits)):
+            if self._advance(row, self._choose(row, logits)):
+                self._release(row)
+            else:
                 staged.append((row, cache))
         return staged
+
+    def _forward_prompt(self, prompt: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+        """The prompt's key/value cache and its last position's logits; a cached prefix is reused
+        (at least the last token is computed: its logits are the point)."""
+        hit = self.prefixes.lookup(prompt)
+        if hit is None:
+            done, cache = 0, DynamicCache(config=self.model.config)
+        else:
+            done = min(hit[0], len(prompt) - 1)
+            cache = DynamicCache(ddp_cache_data=[(k[:, :, :done], v[:, :, :done]) for k, v in hit[1]],
+                                 config=self.model.config)  # fmt: skip
+        with self._inference():
+            new = torch.tensor([prompt[done:]])
+            out = self.model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=1)
+        return cache, out.logits[0, -1].float()
 
     # -- decode thread -----------------------------------------------------------------------------
 
@@ -297,6 +313,10 @@ class Batcher:
         keep = [b for b, row in enumerate(rows) if not self._advance(row, self._choose(row, logits[b]))]
         if len(keep) == len(rows):
             return
+        ended = [b for b in range(len(rows)) if b not in keep]
+        self._remember(ended)  # before the callers return: their next turn may look it up
+        for b in ended:
+            self._release(rows[b])
         self.active = [rows[b] for b in keep]
         if not keep:
             self.cache, self.mask = None, None
@@ -309,6 +329,18 @@ class Batcher:
             self.mask = self.mask[:, pad:]
             for layer in cast(list[Any], self.cache.layers):
                 layer.keys, layer.values = layer.keys[:, :, pad:], layer.values[:, :, pad:]
+
+    def _remember(self, ended: list[int]) -> None:
+        """Copy the keys and values of the rows that just ended into the prefix cache."""
+        if not self.prefixes.capacity or self.cache is None or self.mask is None:
+            return
+        width, layers = self.mask.shape[1], kv(self.cache)
+        for b in ended:
+            n = int(self.mask[b].sum())  # the row's cached positions: the rightmost n (left padding)
+            row = self.active[b]
+            tensors = [(k[b : b + 1, :, width - n :].clone(), v[b : b + 1, :, width - n :].clone())
+                       for k, v in layers]  # fmt: skip
+            self.prefixes.add((row.prompt + row.ids)[:n], tensors)
 
     # -- per row -----------------------------------------------------------------------------------
 
@@ -369,6 +401,10 @@ class Batcher:
 
     def _end(self, row: Row, finish: str) -> bool:
         row.result = self._generation(row, finish)
+        return True
+
+    def _release(self, row: Row) -> None:
+        """Hand an ended row's result over; its call returns once all its rows are released."""
         call = row.call
         with self.cond:
             call.left -= 1
@@ -377,7 +413,6 @@ class Batcher:
                     self.alone = None
                 call.done.set()
                 self.cond.notify_all()
-        return True
 
     def _generation(self, row: Row, finish: str) -> Generation:
         tok, params, ids = self.tokenizer, row.call.params, row.ids

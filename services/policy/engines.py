@@ -112,19 +112,21 @@ class TransformersEngine:
             with AMX (``bench/precision.py``); the tokens can differ from fp32 decoding at near-ties.
         prefill_threads: prompts prefilled at once, each on its own thread (and core), beside the
             decoding thread.
+        prefix_cache: tokens of finished rows kept to skip re-prefilling a chat's earlier turns
+            (:mod:`services.policy.prefix_cache`); 0 = off.
     """
 
     constrains = True  # SamplingParams.grammar is enforced (llguidance)
 
     def __init__(
         self, path: str, dtype: str = "float32", threads: int = 1, max_batch: int = 16,
-        autocast: bool = False, prefill_threads: int = 2,
+        autocast: bool = False, prefill_threads: int = 2, prefix_cache: int = 32768,
     ) -> None:  # fmt: skip
         import torch
 
         torch.set_num_threads(threads)
         self.dtype, self.max_batch, self.autocast = dtype, max_batch, autocast
-        self.prefill_threads = prefill_threads
+        self.prefill_threads, self.prefix_cache = prefill_threads, prefix_cache
         self.lock = threading.Lock()  # guards the swap of model, tokenizer and batcher
         self.model: Any = None
         self.tokenizer: Any = None
@@ -144,7 +146,9 @@ class TransformersEngine:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        batcher = Batcher(model, tokenizer, self.max_batch, self.autocast, self.prefill_threads)
+        batcher = Batcher(
+            model, tokenizer, self.max_batch, self.autocast, self.prefill_threads, self.prefix_cache
+        )
         with self.lock:  # new calls go to the new weights; calls in flight end on the old ones
             old, self.batcher = self.batcher, batcher
             self.model, self.tokenizer, self.model_path = model, tokenizer, path

@@ -70,6 +70,12 @@ class PolicySettings(ServiceSettings):
         description="engine=transformers: prompts prefilled at once, a thread each, beside the decoding "
         "thread (2 keeps both cores of a 2-core machine busy under concurrent requests)",
     )
+    prefix_cache_tokens: int = Field(
+        32768,
+        ge=0,
+        description="engine=transformers: tokens of finished rows whose keys/values are kept, so an agent's "
+        "next turn prefills only its new text (about 1.5 GB for the default model); 0 = off",
+    )
     constrained_decoding: bool = Field(
         True,
         description="/v1/answer decodes each step under the recipe's action grammar (hoprl.agent.grammar), "

@@ -72,3 +72,52 @@ def test_closing_fails_the_calls_it_holds(model_path: str) -> None:
     engine.close()
     thread.join(60)
     assert not thread.is_alive() and errors and "closed" in str(errors[0])
+
+
+def test_prefix_cache_keeps_the_longest_rows_within_capacity() -> None:
+    """Plain data: the longest cached prefix wins, a row extending an older one replaces it, and
+    the least recently used rows leave first once the token capacity is full."""
+    import torch
+
+    from services.policy.prefix_cache import PrefixCache
+
+    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.full((1, 1, n, 2), float(n)), torch.zeros(1, 1, n, 2))]
+
+    cache = PrefixCache(capacity=100)
+    first = list(range(20))
+    cache.add(first, kv(20))
+    cache.add([*first, *range(100, 110)], kv(30))  # the same chat, one turn on: replaces the first
+    assert len(cache.entries) == 1 and cache.tokens == 30
+    hit = cache.lookup([*first, 100, 101, 7, 7])
+    assert hit is not None and hit[0] == 22 and hit[1][0][0].shape == (1, 1, 22, 2)
+    assert cache.lookup([5, *first]) is None  # no common prefix
+    other = list(range(200, 260))
+    cache.add(other, kv(60))
+    cache.add(list(range(300, 320)), kv(20))  # 30 + 60 + 20 > 100: the least recently used leaves
+    assert cache.tokens == 80 and cache.lookup(first) is None and cache.lookup(other) is not None
+
+
+def test_a_chat_turn_reuses_the_previous_turn(engine: TransformersEngine) -> None:
+    """The next turn of a chat prefills only what is new, and says the same as a full prefill."""
+    chat = [
+        {"role": "system", "content": "You are a helpful assistant who answers in one sentence."},
+        {"role": "user", "content": "Name three colors."},
+    ]
+    greedy = SamplingParams(max_tokens=16, temperature=0, logprobs=True)
+    (first,) = engine.generate([chat], greedy)[0]
+    turn = [*chat, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And animals?"}]
+    prefixes = engine.batcher.prefixes
+    hits, reused = prefixes.hits, prefixes.reused
+    (cached,) = engine.generate([turn], greedy)[0]
+    assert (
+        prefixes.hits == hits + 1
+        and prefixes.reused - reused >= first.prompt_tokens + len(first.token_ids) - 2
+    )
+    capacity, prefixes.capacity = prefixes.capacity, 0
+    try:
+        (full,) = engine.generate([turn], greedy)[0]
+    finally:
+        prefixes.capacity = capacity
+    assert cached.text == full.text
+    assert cached.logprobs == pytest.approx(full.logprobs, abs=1e-3)

@@ -112,3 +112,21 @@ def test_setting_off_and_an_engine_that_cannot_constrain(served: str, indexed: s
         default = httpx.post(f"{server.url}/v1/answer", json=question, timeout=600).json()
     assert refused.status_code == 422 and refused.json()["error"] == "constraint_unsupported"
     assert "openai engine" in refused.json()["message"] and default["constrained"] is False
+
+
+def test_the_last_affordable_step_may_only_end_the_episode() -> None:
+    """A step turns final when it is the last allowed one, or when the budget could not hold it, the
+    documents a search would bring and a closing step: else the runner stops for its budget."""
+    from services.policy.agent import Constraint
+
+    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    rule = Constraint("search-r1", max_steps=5, step_tokens=256, token_budget=2048, count=len)
+    free = rule.grammar(first, step=0, max_tokens=256, grown=0, information=512)
+    assert free is not None and "<search>" in free.lark
+    for late in (
+        rule.grammar(first, step=4, max_tokens=256, grown=0, information=512),  # the step cap
+        rule.grammar(first, step=1, max_tokens=200, grown=0, information=512),  # the runner's budget is short
+        rule.grammar(first, step=1, max_tokens=256, grown=1400, information=512),  # no room for documents
+    ):
+        assert late is not None and "<search>" not in late.lark and "<answer>" in late.lark
+    assert rule.grammar(first, step=1, max_tokens=20, grown=0, information=512) is None  # not even the tags
