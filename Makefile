@@ -44,7 +44,7 @@ services:
 
 # The whole pipeline on the embedded default (synthetic world, SmolLM2-135M, embedded Qdrant,
 # SQLite registry, local services), sized for ~15 minutes on 2 CPU cores; see README.
-PIPELINE_ARGS ?= --steps 2 --segments 2 --sft-steps 24 --eval-limit 20 --dev-limit 4
+PIPELINE_ARGS ?= --small --steps 2 --segments 2 --sft-steps 24 --eval-limit 20 --dev-limit 4
 run: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(PIPELINE_ARGS)
 

@@ -32,20 +32,11 @@ from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
 from services.policy.model import resolve_model
+from services.trainer.protocol import Preset, preset_recipe_config, recipe_objective
 
 MODEL_CACHE = Path(
     ".hoprl/models/smollm2-135m-instruct"
 )  # the services' default (POLICY_/TRAINER_MODEL_CACHE)
-
-# Small enough for two CPU cores (a GRPO step of SmolLM2-135M is ~10-30 s); override per run.
-CPU_HYPERPARAMETERS: dict[str, Any] = {
-    "questions_per_step": 2,
-    "num_generations": 4,
-    "max_turns": 4,
-    "max_new_tokens_per_step": 64,
-    "token_budget": 512,
-    "save_steps": 5,
-}
 
 
 def once(
@@ -74,14 +65,21 @@ def job_request(
     steps: int,
     hyperparameters: dict[str, Any] | None,
     recipe_config: dict[str, Any] | None,
+    preset: str = "paper",
 ) -> dict[str, Any]:
     """The trainer request every segment shares. A JSONL dataset is trained on its prepared train
     split; ``synthetic`` and hub names are loaded by the trainer itself (with the synthetic
-    world's expert hops for SFT)."""
-    config = dict(recipe_config or {})
+    world's expert hops for SFT).
+
+    ``preset`` goes to the trainer, which resolves the sizes it stands for (``cpu``:
+    :data:`services.trainer.protocol.CPU_PRESET`); ``hyperparameters`` set here win over it. The
+    recipe config a preset scales (EVO-RAG's ``t_max``) is written into the request, so the flow's
+    curriculum and dev checks read the config the trainer trains with.
+    """
+    config = {**preset_recipe_config(preset, recipe), **(recipe_config or {})}
     if recipe == "when-to-search":
         config.setdefault("switch_step", max(1, steps // 2))  # stage 2 for the second half
-    hp = {**CPU_HYPERPARAMETERS, "max_train_questions": data["counts"]["train"], **(hyperparameters or {})}
+    hp = {"preset": preset, "max_train_questions": data["counts"]["train"], **(hyperparameters or {})}
     hp["recipe_config"] = config
     source = data["paths"]["train"] if data["source"].endswith(".jsonl") else dataset
     return {
@@ -145,7 +143,7 @@ def summary(
 @flow(name="pipeline")
 def pipeline(
     recipe: str = "when-to-search",
-    objective: str = "grpo",
+    objective: str | None = None,
     model: str | None = None,
     dataset: str = "synthetic",
     steps: int = 200,
@@ -159,12 +157,14 @@ def pipeline(
     limit: int | None = None,
     hyperparameters: dict[str, Any] | None = None,
     recipe_config: dict[str, Any] | None = None,
+    preset: Preset = "paper",
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset`` with ``recipe`` and report it against the untrained model.
 
     Args:
         recipe: when-to-search (two stages), evo-rag, r2ag, eval-rar, arena, search-r1, ...
-        objective: grpo, dapo, dr_grpo (RL segments; the warm start is always SFT).
+        objective: grpo, dapo, dr_grpo (RL segments; the warm start is always SFT); None = the
+            recipe's paper objective (dapo for r2ag and when-to-search, else grpo).
         model: HF id or folder; None = the bundled SmolLM2-135M-Instruct.
         dataset: ``synthetic[:SEED[:MAX_HOPS]]``, a common-schema JSONL path, or a hub name.
         steps: RL optimizer steps in all; ``segments`` jobs of ``steps / segments`` each.
@@ -174,11 +174,14 @@ def pipeline(
         baselines: recipes evaluated on the untrained model besides ``recipe`` (default naive-rag).
         limit: at most this many questions per split (quick runs; training uses the same cap).
         hyperparameters / recipe_config: trainer hyperparameters and recipe config overrides.
+        preset: ``paper`` (the papers' training settings) or ``cpu`` (their sizes scaled down to two
+            CPU cores: ``make run``, ``hoprl pipeline --small``); hyperparameters set here win.
 
     Returns the summary: EM / F1 / judge / retrievals before and after, report and plot paths,
     the final checkpoint and the collection it searches.
     """
     run_id = run_id or f"{recipe}-{uuid.uuid4().hex[:8]}"
+    objective = recipe_objective(recipe, objective)
     params = {
         "recipe": recipe,
         "objective": objective,
@@ -193,6 +196,7 @@ def pipeline(
         "limit": limit,
         "hyperparameters": hyperparameters,
         "recipe_config": recipe_config,
+        "preset": preset,
     }
     reg, log = registry(), get_run_logger()
     reg.create_run(run_id, recipe, objective, model or "default", params, seed)
@@ -229,6 +233,7 @@ def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict
         p["steps"],
         p["hyperparameters"],
         p["recipe_config"],
+        p["preset"],
     )
     if p["sft_steps"] > 0:
         with progress.stage("warm_start", steps=p["sft_steps"]):

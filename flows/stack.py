@@ -39,6 +39,7 @@ from pathlib import Path
 import httpx
 
 from flows import fanout
+from services.trainer.protocol import CPU_PRESET
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,13 @@ APPS = {
     "policy": ("services.policy.app:app", "HOPRL_POLICY_URL"),
     "trainer": ("services.trainer.app:app", "HOPRL_TRAINER_URL"),
 }
-# Small limits for /v1/answer on a CPU: the trainer's default episode shape (4 turns of 64 tokens).
+# /v1/answer limits of the policy a local run starts: the trainer's cpu preset episode shape (4 turns of
+# 64 tokens, 512 tokens of context growth), so a CPU run is evaluated in the shape it was trained in.
+# A deployment (HOPRL_POLICY_URL) sets its own POLICY_* limits.
 POLICY_LIMITS = {
-    "POLICY_MAX_STEPS": "4",
-    "POLICY_MAX_TOKENS_PER_STEP": "64",
-    "POLICY_TOKEN_BUDGET": "512",
+    "POLICY_MAX_STEPS": str(CPU_PRESET["max_turns"]),
+    "POLICY_MAX_TOKENS_PER_STEP": str(CPU_PRESET["max_new_tokens_per_step"]),
+    "POLICY_TOKEN_BUDGET": str(CPU_PRESET["token_budget"]),
     "POLICY_REQUEST_TIMEOUT_S": "600",
 }
 READY_TIMEOUT_S = 600.0  # the first policy start converts the bundled GGUF model (~20 s), then loads it

@@ -8,8 +8,9 @@ and returns its summary; :func:`format_summary` is the text the command prints;
 terminal shows a line per stage and each trainer job's step / total, reward and ETA
 (:mod:`flows.progress`).
 
-    hoprl pipeline                                      # synthetic world, SmolLM2-135M, when-to-search
-    hoprl pipeline --dataset ../shared/data/hotpotqa_dev.jsonl --steps 40
+    hoprl pipeline --small                              # synthetic world, SmolLM2-135M, when-to-search
+    hoprl pipeline --small --dataset ../shared/data/hotpotqa_dev.jsonl --steps 40
+    hoprl pipeline --recipe r2ag --model Qwen/Qwen2.5-3B   # the paper's settings (a GPU machine)
     hoprl pipeline --run-id when-to-search-1a2b3c4d      # resume a run that was stopped
 """
 
@@ -34,7 +35,7 @@ def prefect_api(local: str = LOCAL_API_URL) -> str | None:
 def run_pipeline(
     dataset: str = "synthetic",
     recipe: str = "when-to-search",
-    objective: str = "grpo",
+    objective: str | None = None,
     model: str | None = None,
     steps: int = 200,
     run_id: str | None = None,
@@ -44,7 +45,7 @@ def run_pipeline(
 
     ``options`` are the other parameters of :func:`flows.pipeline.pipeline` (``sft_steps``,
     ``segments``, ``eval_limit``, ``dev_limit``, ``baselines``, ``seed``, ``hyperparameters``,
-    ``recipe_config``).
+    ``recipe_config``, ``preset``). ``objective`` None is the recipe's paper objective.
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     api = prefect_api()
@@ -112,7 +113,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dataset", default="synthetic", help="synthetic[:SEED[:MAX_HOPS]], a JSONL path, or a hub name"
     )
     parser.add_argument("--recipe", default="when-to-search")
-    parser.add_argument("--objective", default="grpo", choices=["grpo", "dapo", "dr_grpo"])
+    parser.add_argument(
+        "--objective",
+        default=None,
+        choices=["grpo", "dapo", "dr_grpo"],
+        help="default: the recipe's paper objective (dapo for r2ag and when-to-search, else grpo)",
+    )
+    parser.add_argument(
+        "--preset",
+        default="paper",
+        choices=["paper", "cpu"],
+        help="paper: the papers' training settings; cpu: their sizes scaled down to two CPU cores",
+    )
+    parser.add_argument(
+        "--small",
+        dest="preset",
+        action="store_const",
+        const="cpu",
+        help="the cpu preset (make run): 2 questions x 4 samples a step, 4 turns of 64 tokens",
+    )
     parser.add_argument("--model", default=None, help="HF id or folder; default: bundled SmolLM2-135M")
     parser.add_argument("--steps", type=int, default=24, help="RL optimizer steps in all")
     parser.add_argument(
@@ -135,9 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def main(args: argparse.Namespace) -> int:
-    """The body of ``hoprl pipeline``: run, then print the summary (stdout)."""
-    summary = run_pipeline(
+def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`run_pipeline` arguments the command's options stand for."""
+    return dict(
         dataset=args.dataset,
         recipe=args.recipe,
         objective=args.objective,
@@ -152,7 +171,13 @@ def main(args: argparse.Namespace) -> int:
         baselines=args.baselines,
         seed=args.seed,
         hyperparameters=args.hyperparameters,
+        preset=args.preset,
     )
+
+
+def main(args: argparse.Namespace) -> int:
+    """The body of ``hoprl pipeline``: run, then print the summary (stdout)."""
+    summary = run_pipeline(**pipeline_options(args))
     print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
     return 0
 

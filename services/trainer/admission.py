@@ -124,7 +124,7 @@ def check_limits(request: JobRequest, hp: Hyperparameters, settings: TrainerSett
 
 def admit(request: JobRequest, settings: TrainerSettings, registry: Registry) -> JobRequest:
     """``request`` with its paths checked and made absolute, its sizes within the limits; else 4xx."""
-    check_limits(request, request.hyperparameters.resolved(request.recipe), settings)
+    check_limits(request, request.hyperparameters.resolved(request.recipe, request.objective), settings)
     updates = {"dataset": admit_dataset(request.dataset, settings)}
     if request.model is not None:
         updates["model"] = admit_checkpoint(request.model, settings, registry, "model")

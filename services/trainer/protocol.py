@@ -4,9 +4,14 @@ A job is one run in the run registry: the request is stored whole as the run's `
 job can be re-run (or resumed after a restart) from the registry alone.
 
 Hyperparameters are flat and validated (``extra="forbid"``): a misspelt name is a 422 naming the
-field, never a silently kept default. Fields left unset take the recipe's published defaults
-(:data:`RECIPE_DEFAULTS`, e.g. R2AG's asymmetric clip 0.2 / 0.28 with dynamic sampling, ARENA's
-k2 KL), then the generic defaults below; the resolved values are logged and stored with the run.
+field, never a silently kept default. Fields the request leaves out take, in this order, the
+``cpu`` preset's value (:data:`CPU_PRESET`, only when ``preset="cpu"``), the paper's value for the
+(recipe, objective) (:data:`OBJECTIVE_DEFAULTS`), the paper's value for the recipe
+(:data:`RECIPE_DEFAULTS`), the value the recipe derives from its own config
+(:func:`recipe_derived_defaults`), then the generic one; an unset ``objective`` is the recipe's
+paper objective (:func:`recipe_objective`). :meth:`Hyperparameters.resolved` is that one place; the
+resolved values are logged and stored with the run. ``docs/papers.md`` says where each paper value
+comes from; ``tests/services/trainer/test_recipe_defaults.py`` pins every one of them.
 """
 
 from __future__ import annotations
@@ -18,24 +23,62 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 LrScheduler = Literal["linear", "constant", "cosine"]  # transformers' SchedulerType names
+Preset = Literal["paper", "cpu"]
 
-#: per-recipe defaults from the papers, applied to hyperparameters the request leaves unset
+#: per-recipe training settings from the papers (sources: docs/papers.md), applied to what a request
+#: leaves unset. ``objective`` is the recipe's objective when the request names none
+#: (:func:`recipe_objective`); ``recipe_config`` fills the recipe config keys the request leaves out.
+#: A setting no paper of ours gives (learning rate, batch, episode lengths for most) is not here: the
+#: generic defaults apply and docs/papers.md says "not given / not found".
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "r2ag": {"epsilon": 0.2, "epsilon_high": 0.28, "dynamic_sampling": True},
-    "eval-rar": {"beta": 0.001},
-    "arena": {"beta": 0.001, "kl_estimator": "k2"},
-    "when-to-search": {"beta": 0.0},
-    # EVO-RAG: GRPO normalises step rewards per step index; the 7-head preference model trains in
-    # the loop (Algorithm 1). max_turns / token_budget follow its T_max: see recipe_derived_defaults.
-    "evo-rag": {"advantage": "per_step", "preference_model": True},
+    # DESIGN.md §1 / issue 19: DAPO-style token-level clipped objective, asymmetric clip 0.2 / 0.28,
+    # groups whose rewards have zero std dropped (refilled: dynamic sampling); top-1 per sub-query
+    "r2ag": {"objective": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "dynamic_sampling": True},
+    # DESIGN.md §1: GRPO with a KL term, beta 0.001; top-3 documents (EvalRARConfig.top_k)
+    "eval-rar": {"objective": "grpo", "beta": 0.001},
+    # DESIGN.md §1: GRPO with the k2 KL estimator; the coefficient 0.001 is the project's
+    "arena": {"objective": "grpo", "beta": 0.001, "kl_estimator": "k2"},
+    # DESIGN.md §1 "DAPO (no KL)"; issue 19: clip-higher 0.28 and dynamic sampling, top-k 5 and 5
+    # turns (WhenToSearchConfig; max_turns / token_budget derive from it: recipe_derived_defaults)
+    "when-to-search": {
+        "objective": "dapo",
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "dynamic_sampling": True,
+    },
+    # issue 19: GRPO is the job EVO-RAG defaults to, normalising step rewards per step index; the
+    # 7-head preference model trains in the loop (Algorithm 1). max_turns / token_budget follow T_max.
+    "evo-rag": {"objective": "grpo", "advantage": "per_step", "preference_model": True},
+    # Search-R1's released GRPO reproduction script (docs/papers.md): 5 responses per prompt,
+    # KL 0.001 with verl's low_var_kl (the k3 estimator, clamped), clip 0.2, temperature 1, at most
+    # 4 turns, top-3 passages (SearchR1Config.top_k)
+    "search-r1": {
+        "objective": "grpo",
+        "num_generations": 5,
+        "beta": 0.001,
+        "kl_estimator": "k3",
+        "epsilon": 0.2,
+        "temperature": 1.0,
+        "max_turns": 4,
+    },
+    # never trained in a paper: Search-R1's RAG baseline retrieves top-3 (NaiveRAGConfig.top_k)
+    "naive-rag": {"objective": "grpo"},
 }
 
-MAX_TOKEN_BUDGET = 32768  # Hyperparameters.token_budget's bound
-
-#: per-(recipe, objective) defaults, applied before RECIPE_DEFAULTS
+#: per-(recipe, objective) paper settings, applied before RECIPE_DEFAULTS (a learning rate is the
+#: objective's: an SFT warm start of the same recipe keeps the generic 3e-4)
 OBJECTIVE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
-    # EVO-RAG's PPO: KL coefficient 0.001, policy lr 1e-6 and a separate critic at lr 1e-5
+    # issue 19 (EVO-RAG's PPO): KL coefficient 0.001, policy lr 1e-6 and a separate critic at lr 1e-5
     ("evo-rag", "ppo"): {
+        "beta": 0.001,
+        "learning_rate": 1e-6,
+        "critic": "separate",
+        "critic_learning_rate": 1e-5,
+    },
+    # Search-R1's released scripts: actor lr 1e-6 (GRPO and PPO), critic lr 1e-5, KL 0.001 (PPO)
+    ("search-r1", "grpo"): {"learning_rate": 1e-6},
+    ("search-r1", "ppo"): {
         "beta": 0.001,
         "learning_rate": 1e-6,
         "critic": "separate",
@@ -43,33 +86,91 @@ OBJECTIVE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
     },
 }
 
+#: ``preset="cpu"``: the papers' settings scaled down to what two CPU cores train in minutes with
+#: SmolLM2-135M (``make run``, ``hoprl pipeline --small``). Only sizes change; objectives, clips, KL
+#: and rewards stay the paper's. The policy's /v1/answer limits of a local pipeline follow it
+#: (flows/stack.py POLICY_LIMITS), so a run is evaluated in the shape it was trained in.
+CPU_PRESET: dict[str, Any] = {
+    "questions_per_step": 2,  # groups per step; Search-R1 trains 512 prompts a step on 8 GPUs
+    "num_generations": 4,  # group size (Search-R1: 5); 4 keeps a GRPO step of 2 groups at ~10-30 s
+    "max_turns": 4,  # agent steps (when-to-search 5, EVO-RAG T_max 20): ~64 tokens each on a CPU
+    "max_new_tokens_per_step": 64,  # tokens one step generates (Search-R1 allows 500 per turn)
+    "token_budget": 512,  # context growth per episode: 4 steps of 64 tokens plus the synthetic
+    #                       world's short documents (a 3-document block is ~174 tokens)
+    "save_steps": 5,  # checkpoints of short segments
+}
+
+#: recipe config scaled with the cpu preset (merged under the request's recipe_config)
+CPU_RECIPE_CONFIG: dict[str, dict[str, Any]] = {
+    # EVO-RAG's scheduler p(t) = (t-1)/(T_max-1) spans the episode: with T_max = 20 and 4 steps it
+    # never passes 0.16 and the late weights and r_act never act; T_max = max_turns keeps the whole
+    # Discovery -> Refinement schedule inside the short episode
+    "evo-rag": {"t_max": CPU_PRESET["max_turns"]},
+}
+
+MAX_TOKEN_BUDGET = 32768  # Hyperparameters.token_budget's bound
+
+
+def recipe_objective(recipe: str, objective: str | None = None) -> str:
+    """The objective a job trains with: the request's, else its recipe's paper objective.
+
+    >>> recipe_objective("r2ag"), recipe_objective("r2ag", "grpo"), recipe_objective("search-r1")
+    ('dapo', 'grpo', 'grpo')
+    """
+    return objective or str(RECIPE_DEFAULTS.get(recipe, {}).get("objective", "grpo"))
+
+
+def preset_recipe_config(preset: str, recipe: str) -> dict[str, Any]:
+    """The recipe config keys a preset sets (the flows merge it into the requests they send, so
+    their curriculum and dev checks read the config the trainer trains with)."""
+    return dict(CPU_RECIPE_CONFIG.get(recipe, {})) if preset == "cpu" else {}
+
 
 def recipe_derived_defaults(
     recipe: str, recipe_config: dict[str, Any], tokens_per_step: int
 ) -> dict[str, Any]:
     """Defaults a recipe derives from its own config, so the two never disagree.
 
-    EVO-RAG: ``max_turns`` = its ``t_max`` and a ``token_budget`` that fits ``t_max`` search steps
-    (:func:`hoprl.recipes.evo_rag.trainer_defaults`). Imported here, not at the top: the recipes
-    pull in torch, and this module is also the light HTTP client's contract.
+    ``max_turns`` = the recipe's episode cap (EVO-RAG's ``t_max``, when-to-search's ``max_turns``)
+    and a ``token_budget`` that fits that many search steps (:func:`hoprl.recipes.evo_rag.
+    trainer_defaults`: per step, the generated tokens plus ``top_k`` documents). Imported here, not
+    at the top: the recipes pull in torch, and this module is also the light HTTP client's contract.
     """
-    if recipe != "evo-rag":
+    if recipe not in ("evo-rag", "when-to-search"):
         return {}
-    from hoprl.recipes.evo_rag import trainer_defaults
+    from hoprl.recipes.evo_rag import INFO_TOKENS_PER_DOC, trainer_defaults
+    from hoprl.recipes.when_to_search import WhenToSearchConfig
 
     try:
-        derived = trainer_defaults(recipe_config, tokens_per_step)
-    except ValueError:  # an invalid recipe_config: the job reports the recipe's own error when it starts
+        if recipe == "evo-rag":
+            derived = trainer_defaults(recipe_config, tokens_per_step)
+        else:
+            cfg = WhenToSearchConfig(**recipe_config)
+            per_step = tokens_per_step + cfg.top_k * INFO_TOKENS_PER_DOC
+            derived = {"max_turns": min(cfg.max_turns, 64), "token_budget": cfg.max_turns * per_step}
+    except (ValueError, TypeError):  # an invalid recipe_config: the job reports the recipe's own error
         return {}
     return derived | {"token_budget": min(derived["token_budget"], MAX_TOKEN_BUDGET)}
 
 
 class Hyperparameters(BaseModel):
-    """Training knobs. ``None`` = the recipe's default (:data:`RECIPE_DEFAULTS`), else the generic one."""
+    """Training knobs. A field left out (or ``None``) takes the preset's, the paper's, the derived or
+    the generic value (module docstring); the defaults named here are the generic ones."""
 
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float | None = Field(None, gt=0, description="default 1e-5 (RL), 3e-4 (SFT)")
+    preset: Preset = Field(
+        "paper",
+        description="paper: the papers' settings (RECIPE_DEFAULTS); cpu: the same recipe with its sizes "
+        "scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 64 "
+        "tokens, 512-token episodes); a value the request sets wins over both",
+    )
+
+    learning_rate: float | None = Field(
+        None,
+        gt=0,
+        description="the paper's for the (recipe, objective) (search-r1 1e-6), else 1e-5 (RL), 3e-4 (SFT)",
+    )
     lr_scheduler: LrScheduler = Field(
         "linear",
         description="the TRL trainers' schedule (GRPO / DAPO / Dr. GRPO, SFT): linear decay to 0 over the "
@@ -77,7 +178,9 @@ class Hyperparameters(BaseModel):
         "rounds) keep their rate constant",
     )
     questions_per_step: int = Field(2, ge=1, le=256, description="GRPO groups per optimizer step")
-    num_generations: int = Field(4, ge=2, le=64, description="samples per question (the group size)")
+    num_generations: int = Field(
+        4, ge=2, le=64, description="samples per question (the group size); search-r1's paper 5, cpu preset 4"
+    )
     beta: float | None = Field(None, ge=0, description="KL coefficient; 0 = no KL and no reference model")
     kl_estimator: Literal["k3", "k2"] | None = Field(
         None, description="k3 (TRL's) or k2 = ½(log πθ/πref)² (ARENA's stabilised KL)"
@@ -93,16 +196,21 @@ class Hyperparameters(BaseModel):
     dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
     max_turns: int = Field(
-        4, ge=1, le=64, description="agent steps per episode; unset: EVO-RAG its T_max (20), else 4"
+        4,
+        ge=1,
+        le=64,
+        description="agent steps per episode; unset: the recipe's cap (EVO-RAG T_max 20, when-to-search 5), "
+        "cpu preset 4, else 4",
     )
     max_new_tokens_per_step: int = Field(64, ge=1, le=4096)
     token_budget: int = Field(
         512,
         ge=16,
         le=MAX_TOKEN_BUDGET,
-        description="completion tokens per episode; unset: EVO-RAG enough for T_max searches, else 512",
+        description="context growth per episode (generated + injected tokens); unset: EVO-RAG and "
+        "when-to-search enough for their max turns of searches, cpu preset 512, else 512",
     )
-    temperature: float = Field(1.0, gt=0, le=2)
+    temperature: float = Field(1.0, gt=0, le=2, description="rollout sampling temperature (Search-R1's 1.0)")
     search_mode: Literal["dense", "sparse", "hybrid"] = "hybrid"
     save_steps: int = Field(10, ge=1, description="a checkpoint every this many steps (and at the end)")
     max_train_questions: int | None = Field(None, ge=1, description="first N training questions only")
@@ -145,23 +253,34 @@ class Hyperparameters(BaseModel):
     torch_threads: int | None = Field(None, ge=1, description="training threads (decoding always uses 1)")
 
     def resolved(self, recipe: str, objective: str | None = None) -> Hyperparameters:
-        """A copy with unset fields filled from the (recipe, objective) defaults, the recipe's, the
-        ones the recipe derives from its config, then the generic ones. A field is unset when the
-        request left it out or sent null (``max_turns`` and ``token_budget`` keep their plain
-        defaults, 4 and 512, unless a recipe layer sets them)."""
+        """A copy with every unset field filled (module docstring for the order of the layers).
+
+        A field is unset when the request left it out or sent null. ``recipe_config`` merges key by
+        key: the request's keys over the cpu preset's over the paper's. ``objective`` unset is the
+        recipe's paper objective (:func:`recipe_objective`), so ``(recipe, objective)`` defaults match
+        the objective the job will train with.
+        """
+        objective = recipe_objective(recipe, objective)
         values = self.model_dump()
         unset = {k for k, v in values.items() if v is None or k not in self.model_fields_set}
-        derived = recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"])
-        generic = {"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
-                   "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
-                   "preference_model": False}  # fmt: skip
-        layers = [OBJECTIVE_DEFAULTS.get((recipe, objective or ""), {}), RECIPE_DEFAULTS.get(recipe, {}),
-                  derived, generic]  # fmt: skip
-        for layer in layers:
+        paper = {k: v for k, v in RECIPE_DEFAULTS.get(recipe, {}).items() if k != "objective"}
+        scaled = preset_recipe_config(self.preset, recipe)
+        values["recipe_config"] = {**paper.pop("recipe_config", {}), **scaled, **values["recipe_config"]}
+        preset = CPU_PRESET if self.preset == "cpu" else {}
+
+        def fill(layer: dict[str, Any]) -> None:
             for key, value in layer.items():
                 if key in unset:
                     values[key] = value
                     unset.discard(key)
+
+        for layer in (preset, OBJECTIVE_DEFAULTS.get((recipe, objective), {}), paper):
+            fill(layer)
+        # derived from the recipe's config with the per-step tokens the layers above settled
+        fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
+        fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
+              "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
+              "preference_model": False})  # fmt: skip
         return Hyperparameters.model_validate(values)
 
 
@@ -172,6 +291,11 @@ def reward_scaling(hp: Hyperparameters, objective: str) -> str:
     also drops the division by the group's reward std, so the objective sets both.
     """
     return hp.scale_rewards or ("none" if objective == "dr_grpo" else "group")
+
+
+def _nullable(schema: dict[str, Any]) -> None:
+    """The OpenAPI document says what the validator accepts: the field's values or null (= unset)."""
+    schema["anyOf"] = [{"type": schema.pop("type"), "enum": schema.pop("enum")}, {"type": "null"}]
 
 
 def _recipe_names(schema: dict[str, Any]) -> None:
@@ -188,7 +312,12 @@ class JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     recipe: str = Field(description="a recipe name, e.g. when-to-search", json_schema_extra=_recipe_names)
-    objective: Objective = "grpo"
+    objective: Objective = Field(
+        None,  # type: ignore[arg-type]  # never None after validation: _paper_objective fills it
+        description="unset: the recipe's paper objective (RECIPE_DEFAULTS: dapo for r2ag and when-to-search, "
+        "grpo for the others); an explicit objective wins",
+        json_schema_extra=_nullable,
+    )
     model: str | None = Field(None, description="HF id or checkpoint folder; unset = the default model")
     dataset: str = Field(
         "synthetic", description="a JSONL path, 'synthetic[:SEED[:MAX_HOPS]]', or a hub name"
@@ -202,6 +331,14 @@ class JobRequest(BaseModel):
         None, description="a job id (its latest checkpoint) or a checkpoint folder"
     )
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_objective(cls, data: Any) -> Any:
+        """An unset objective is the recipe's paper objective, stored as such with the run."""
+        if isinstance(data, dict) and data.get("objective") is None and isinstance(data.get("recipe"), str):
+            return {**data, "objective": recipe_objective(data["recipe"])}
+        return data
 
     @model_validator(mode="after")
     def _model_or_resume(self) -> JobRequest:
