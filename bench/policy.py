@@ -97,8 +97,9 @@ def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]
     """/v1/answer at one client, then ``args.clients`` at once, ``args.repeats`` times in turn.
 
     Each repeat measures both throughputs back to back, so their ratio compares two runs under the
-    same machine load; the figures are medians over the repeats. The concurrent run sends distinct
-    questions (no prompt repeats), so nothing is shared between requests but the batch.
+    same machine load; the figures are medians over the repeats. Every request of the whole bench
+    asks another question, so the engine's prefix cache holds no earlier prompt (only the system
+    prompt they all share): what the concurrent run gains is batching.
     """
     storage = RetrieverSettings(storage_path=Path(".hoprl/bench/qdrant"))
     with LocalServer(create_retriever(storage)) as retriever:
@@ -109,17 +110,18 @@ def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]
             model=model, retriever_url=retriever.url, default_collection=collection,
             default_recipe="naive-rag", max_tokens_per_step=args.tokens, request_timeout_s=600,
         )  # fmt: skip
-        single = questions[: args.single]
-        many = questions[: args.concurrent_requests]
+        size = args.single + args.concurrent_requests
         runs = []
         with LocalServer(create_policy(settings)) as policy:
-            asyncio.run(answer_load(policy.url, questions[:1], 1))  # warm-up
-            for _ in range(args.repeats):
+            asyncio.run(answer_load(policy.url, questions[-1:], 1))  # warm-up
+            for r in range(args.repeats):
+                single = questions[r * size : r * size + args.single]
+                many = questions[r * size + args.single : (r + 1) * size]
                 one = asyncio.run(answer_load(policy.url, single, 1))
                 concurrent = asyncio.run(answer_load(policy.url, many, args.clients))
                 runs.append((one, concurrent))
-    per_s_1 = [len(single) / wall for (_, wall, _), _ in runs]
-    per_s_n = [len(many) / wall for _, (_, wall, _) in runs]
+    per_s_1 = [args.single / wall for (_, wall, _), _ in runs]
+    per_s_n = [args.concurrent_requests / wall for _, (_, wall, _) in runs]
     lat_1 = [t for (lat, _, _), _ in runs for t in lat]
     lat_n = [t for _, (lat, _, _) in runs for t in lat]
     n = args.clients
@@ -202,7 +204,8 @@ def main() -> None:
         args.tokens, args.single, args.concurrent_requests = 32, 8, 16
     torch.set_num_threads(1)
     model = resolve_model(None, Path(".hoprl/models/smollm2-135m-instruct"))
-    questions = fixed_sample(load_questions(args.data), max(args.single, args.concurrent_requests, 16))
+    needed = (args.single + args.concurrent_requests) * args.repeats + 1
+    questions = fixed_sample(load_questions(args.data), max(needed, 16))
     result: dict[str, object] = {"model": model, "tokens": args.tokens, "cpus": os.cpu_count()}
     result["load_average_before"] = os.getloadavg()
     if not args.ttft_only:
