@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
+from hoprl.schemas import Question
 from services.policy.engines import (
     OpenAIEngine,
     SamplingParams,
@@ -116,6 +118,40 @@ def test_vllm_engine_matches_the_interface(model_path: str) -> None:
     engine.load(model_path)
     assert engine.model_path == model_path
     engine.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is a GPU-only extra (pip install hoprl[gpu])"
+)
+def test_vllm_engine_decodes_under_a_recipe_grammar(model_path: str) -> None:
+    """The grammar's Lark text goes to vLLM's structured outputs (guidance backend): the output
+    parses to an action, as on the transformers engine."""
+    from hoprl.agent.grammar import grammar
+    from hoprl.recipes import get_recipe
+
+    recipe, rule = get_recipe("search-r1"), grammar("search-r1", max_tokens=128)
+    messages = recipe.messages(Question(id="q", dataset="t", split="dev", question="Who founded Acme?"))
+    params = SamplingParams(max_tokens=128, temperature=0, stop=tuple(recipe.stop), grammar=rule.lark)
+    engine = VllmEngine(model_path, gpu_memory_utilization=0.3)
+    (g,) = engine.generate([messages], params)[0]
+    engine.close()
+    assert recipe.parse(g.text + (g.stop_reason or "")).kind in ("search", "answer"), g.text
+
+
+def test_transformers_engine_decodes_under_a_recipe_grammar(engine: TransformersEngine) -> None:
+    from hoprl.agent.grammar import grammar
+    from hoprl.recipes import get_recipe
+
+    recipe, rule = get_recipe("evo-rag"), grammar("evo-rag", max_tokens=128)
+    messages = recipe.messages(Question(id="q", dataset="t", split="dev", question="Who founded Acme?"))
+    free = SamplingParams(max_tokens=128, temperature=0, stop=tuple(recipe.stop))
+    (g,) = engine.generate([messages], replace(free, grammar=rule.lark))[0]
+    assert (
+        g.text.startswith("<think>") and recipe.parse(g.text + (g.stop_reason or "")).kind != "format_error"
+    )
+    with pytest.raises(ValueError, match="invalid grammar"):
+        engine.generate([messages], replace(free, grammar="start: (("))
 
 
 def test_autocast_decodes_in_bf16(model_path: str) -> None:
