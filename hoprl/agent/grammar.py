@@ -13,7 +13,8 @@ rules of ``parse``), so every string it admits parses to an action that is not a
 ==============  ================================================================================
 recipe          one segment
 ==============  ================================================================================
-naive-rag       ``<answer>a</answer>``
+naive-rag       ``<answer>a</answer>``, or the plain one-paragraph answer its parser also takes
+                (forcing the tag made the untrained model copy the prompt's example answer)
 search-r1       ``<think>t</think>`` then ``<search>q</search>`` or ``<answer>a</answer>``
 eval-rar        after an information turn ``<evaluate>e</evaluate>`` first, then as search-r1
 when-to-search  the paper's two forms: first turn think, then search, or reflect and answer;
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 from hoprl.recipes.base import unknown
 
 #: Token caps of the free-text blocks (a serving limit: long thoughts cost latency, not accuracy).
-CAPS = {"think": 48, "review": 40, "analysis": 96, "query": 24, "answer": 24}
+CAPS = {"think": 48, "review": 40, "analysis": 96, "query": 24, "answer": 24, "plain": 64}
 
 # Lexemes: TEXT may span lines, LINE may not; both hold a non-space character and no "<".
 LEXEMES = {
@@ -57,6 +58,8 @@ LEXEMES = {
     "LINE": r"/[^<\n]*[^<\s][^<\n]*/",
     # R2AG: a sub-query that is no stop signal (parse reads those two words as stop / no query).
     "SUBQUERY": r"/[^<\n]*[^<\s][^<\n]*/ & ~/(?i)\s*(stop retrieval|none)\W*\s*/",
+    # naive-rag's plain answer: a paragraph (its stop "\n\n" ends it), no tag in it
+    "PLAIN": r"/[^<\s][^<]*/",
     "REFS": r"/\[[1-9][0-9]?(,[ ]?[1-9][0-9]?){0,9}\]/",
 }
 
@@ -169,7 +172,7 @@ ANSWER = block("answer", "answer", "LINE")
 
 
 def _naive_rag(turn: Turn) -> Node:
-    return ANSWER
+    return alt(ANSWER, Gen("plain", "PLAIN"))
 
 
 def _search_r1(turn: Turn) -> Node:
@@ -219,7 +222,7 @@ class ActionGrammar:
 
 
 GRAMMARS: dict[str, ActionGrammar] = {
-    "naive-rag": ActionGrammar(1, _naive_rag),
+    "naive-rag": ActionGrammar(2, _naive_rag),
     "search-r1": ActionGrammar(1, _search_r1),
     "eval-rar": ActionGrammar(1, _eval_rar),
     "when-to-search": ActionGrammar(1, _when_to_search),

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hoprl.agent.grammar import GRAMMARS
 from hoprl.recipes import RECIPES, get_recipe
 from services.local import LocalServer
 from services.policy.app import create_app
@@ -53,7 +54,7 @@ def test_every_recipe_answers_under_its_grammar(served: str) -> None:
     for body, response in zip(bodies, replies, strict=True):
         assert response.status_code == 200, response.text
         reply, name = response.json(), body["recipe"]
-        assert reply["constrained"] is True and reply["grammar"] == f"{name}@1", reply
+        assert reply["constrained"] is True and reply["grammar"] == f"{name}@{GRAMMARS[name].version}", reply
         assert reply["outcome"] in ENDS[name], (name, reply["outcome"], [s["text"] for s in reply["steps"]])
         if reply["outcome"] == "answer":
             assert reply["answer"].strip()
@@ -106,7 +107,7 @@ def test_setting_off_and_an_engine_that_cannot_constrain(served: str, indexed: s
         free = http.post("/v1/answer", json=question).json()
         asked = http.post("/v1/answer", json={**question, "constrained": True}).json()
     assert (free["constrained"], free["grammar"]) == (False, None)
-    assert (asked["constrained"], asked["grammar"]) == (True, "naive-rag@1")
+    assert (asked["constrained"], asked["grammar"]) == (True, "naive-rag@2")
     with LocalServer(create_app(remote)) as server:
         refused = httpx.post(f"{server.url}/v1/answer", json={**question, "constrained": True}, timeout=600)
         default = httpx.post(f"{server.url}/v1/answer", json=question, timeout=600).json()
