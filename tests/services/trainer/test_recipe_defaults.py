@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[3]
 DESIGN = "DESIGN.md §1 (the recipes table)"
 ISSUE = "issue 19, 'Defaults' and the recipe's section"
 SEARCH_R1 = "Search-R1's released script scripts/nq_hotpotqa/v0.2/train_grpo.sh (docs/papers.md)"
-SEARCH_R1_PPO = "Search-R1's released script train_ppo.sh (docs/papers.md)"
+SEARCH_R1_PPO = "Search-R1's released script scripts/nq_hotpotqa/v0.2/train_ppo.sh (docs/papers.md)"
 
 #: recipe config values the trainer's episodes use: read from the recipe the job builds
 RECIPE_CONFIG = ("top_k", "l_max", "t_max", "max_steps")
