@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
+import httpx
 import numpy as np
 from fastapi import FastAPI
 
@@ -60,9 +61,9 @@ def _score(question: Question, reply: Answer | None, error: str | None, latency:
 
 
 async def _answer_all(
-    url: str, questions: Sequence[Question], recipe: str, collection: str, concurrency: int
+    url: str, questions: Sequence[Question], recipe: str, collection: str, concurrency: int, timeout_s: float
 ) -> list[dict[str, Any]]:
-    client = AsyncPolicyClient(url)
+    client = AsyncPolicyClient(url, timeout=timeout_s)
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(question: Question) -> dict[str, Any]:
@@ -71,8 +72,8 @@ async def _answer_all(
             try:
                 reply = await client.answer(question.question, recipe, collection, return_trace=True)
                 row = _score(question, reply, None, time.perf_counter() - start)
-            except ServiceError as exc:  # a 4xx/5xx answer is a failed question, not a failed run
-                row = _score(question, None, str(exc), time.perf_counter() - start)
+            except (ServiceError, httpx.TransportError) as exc:  # a failed question, not a failed run
+                row = _score(question, None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
             bar.advance(task)
             return row
 
@@ -120,6 +121,7 @@ def evaluate_answers(
     collection: str | None = None,
     limit: int | None = None,
     concurrency: int = 4,
+    timeout_s: float = 7200.0,
 ) -> dict[str, Any]:
     """EM / F1 / retrieval count / latency of ``recipe`` answering ``questions[:limit]``.
 
@@ -130,6 +132,9 @@ def evaluate_answers(
         collection: the retriever collection; ``None`` = index the pooled paragraphs of all
             ``questions`` (the benchmark's corpus; cached by content, see ``corpus_collection``).
         concurrency: questions in flight at once (the policy batches concurrent generations).
+        timeout_s: how long the client waits for one answer. The service bounds each request by its
+            own POLICY_REQUEST_TIMEOUT_S (a 504, counted as an error); this only has to be longer,
+            since a loaded CPU can queue a question behind many others.
 
     Returns the summary (``em``, ``f1``, ``retrieval_count``, ``latency_p50_s``, ...) with
     ``recipe``, ``collection``, ``seconds`` and per-question ``predictions``.
@@ -142,7 +147,7 @@ def evaluate_answers(
 
             policy = stack.enter_context(LocalServer(policy)).url
         start = time.perf_counter()
-        rows = asyncio.run(_answer_all(policy, sample, recipe, collection, concurrency))
+        rows = asyncio.run(_answer_all(policy, sample, recipe, collection, concurrency, timeout_s))
     seconds = time.perf_counter() - start
     return {
         "recipe": recipe,

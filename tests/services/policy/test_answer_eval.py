@@ -35,3 +35,11 @@ def test_evaluate_answers_in_process_app(indexed: str, model_path: str) -> None:
 def test_evaluate_answers_over_a_url_counts_failures(policy_url: str, indexed: str) -> None:
     report = evaluate_answers(policy_url, indexed, QUESTIONS[:1], recipe="naive-rag", collection="missing")
     assert report["errors"] == 1 and report["outcomes"] == {"error": 1} and report["em"] == 0
+
+
+def test_a_question_the_client_gives_up_on_is_a_failed_question(policy_url: str, indexed: str) -> None:
+    """A reply slower than the client waits (a loaded CPU) fails that question, not the whole run:
+    200 dev questions once ended in httpx.ReadTimeout and nothing was reported."""
+    report = evaluate_answers(policy_url, indexed, QUESTIONS[:2], recipe="naive-rag", timeout_s=0.001)
+    assert report["questions"] == 2 and report["errors"] == 2 and report["outcomes"] == {"error": 2}
+    assert all("Timeout" in row["error"] for row in report["predictions"])
