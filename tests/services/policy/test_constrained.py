@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from hoprl.agent.grammar import GRAMMARS
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.data.corpus import pool
+from hoprl.data.jsonl import load_questions
 from hoprl.recipes import RECIPES, get_recipe
+from hoprl.schemas import Question
 from services.local import LocalServer
 from services.policy.app import create_app
 
@@ -43,12 +48,26 @@ async def answer_all(url: str, bodies: list[dict[str, Any]]) -> list[httpx.Respo
         return list(await asyncio.gather(*(http.post("/v1/answer", json=body) for body in bodies)))
 
 
-def test_every_recipe_answers_under_its_grammar(served: str) -> None:
-    """All recipes at once (the engine batches them): never a format error, every step parses."""
-    bodies = [
-        {"question": q, "recipe": name, "collection": COLLECTION, "return_trace": True}
+@pytest.fixture(scope="module")
+def hotpot(indexed: str) -> tuple[str, list[Question]]:
+    """Three HotpotQA dev questions, their pooled paragraphs indexed in the live retriever."""
+    data = Path(__file__).resolve().parents[4] / "shared" / "data" / "hotpotqa_dev.jsonl"
+    if not data.exists():
+        pytest.skip(f"{data} not found (../shared/data sits beside the repository in CI)")
+    questions = load_questions(data, limit=3)
+    with RetrieverClient(indexed) as client:
+        client.ingest("hotpot-few", pool(questions))
+    return "hotpot-few", questions
+
+
+def test_every_recipe_answers_under_its_grammar(served: str, hotpot: tuple[str, list[Question]]) -> None:
+    """Real HotpotQA questions, all recipes at once (the engine batches them): each episode ends
+    with its recipe's own final action, never a format error, and every step parses."""
+    collection, questions = hotpot
+    bodies: list[dict[str, Any]] = [
+        {"question": q.question, "recipe": name, "collection": collection, "return_trace": True}
         for name in sorted(RECIPES)
-        for q in QUESTIONS[:2]
+        for q in questions[:2]
     ]
     replies = asyncio.run(answer_all(served, bodies))
     for body, response in zip(bodies, replies, strict=True):
