@@ -9,12 +9,18 @@ one client (0.25 vs 0.29 requests/s). transformers' own continuous batching (``g
 takes one GenerationConfig for all requests, so no per-request stop strings, sampling, grammar or
 deadline: hence this loop.
 
-Two threads, one torch thread each, so both cores work when requests are concurrent:
+Threads with one torch thread each, so the cores work together when requests are concurrent:
 
-- the *prefill* thread runs each new prompt alone (no padding; rows with equal prompts share one
-  run), picks its first token and hands the call's rows over;
+- *prefill* threads (two by default) run each new prompt alone (no padding; rows with equal prompts
+  share one run, and a cached prefix of the prompt is reused: :mod:`services.policy.prefix_cache`),
+  pick its first token and hand the call's rows over;
 - the *decode* thread merges them into the batch's key/value cache between two steps, decodes one
-  token for every row per step, and drops each row the moment it ends.
+  token for every row per step, and drops each row the moment it ends. It lets prompts being
+  prefilled join first (see :meth:`Batcher._decode_wait`), so rows decode in full batches.
+
+Measured on the project's 2 shared cores (``bench/policy.py``): the old engine decoded 1 row per
+step under 16 concurrent naive-rag clients; this one ~11, and its throughput at 16 clients is
+1.4-1.9x that of one client where it was 0.86x.
 
 Every row keeps its own sampling (temperature, top-p, seed), stop strings, ``max_tokens``,
 deadline, log-probs, streaming sink and grammar matcher (constrained decoding: the tokens that
@@ -45,6 +51,10 @@ from services.policy.prefix_cache import PrefixCache
 from services.policy.streaming import TextStream
 
 log = logging.getLogger("hoprl.policy")
+
+
+#: the longest the batch waits for prompts being prefilled before its next step
+DECODE_PATIENCE_S = 10.0
 
 
 class Retired(RuntimeError):
@@ -114,6 +124,7 @@ class Batcher:
         self.grammar_tokenizer: Any = None
         self.prefixes = PrefixCache(prefix_cache)
         self.steps = self.widest = 0  # decode steps so far, and the most rows one of them decoded
+        self.moved = time.monotonic()  # when the batch last stepped, or rows began to wait for one
         self.threads = [
             *(
                 threading.Thread(target=self._prefill_loop, name=f"hoprl-prefill-{i}", daemon=True)
@@ -210,6 +221,8 @@ class Batcher:
             with self.cond:
                 self.prefilling.remove(call)
                 if staged:
+                    if not self.active and not self.ready:  # the first rows to wait for a step
+                        self.moved = time.monotonic()
                     self.ready.append(staged)
                 self.cond.notify_all()
 
@@ -247,10 +260,10 @@ class Batcher:
     def _decode_loop(self) -> None:
         while True:
             with self.cond:
-                while not self.closed and self._decode_waits():
-                    if self.retired and not self.queue and not self.prefilling and not self.active:
+                while not self.closed and (wait := self._decode_wait()) != 0:
+                    if self.retired and not (self.queue or self.prefilling or self.ready or self.active):
                         return
-                    self.cond.wait()
+                    self.cond.wait(wait)
                 if self.closed:
                     return
                 joining, self.ready = self.ready, []
@@ -264,16 +277,25 @@ class Batcher:
                 self.active, self.cache, self.mask = [], None, None
                 self._fail(calls, exc)
 
-    def _decode_waits(self) -> bool:
-        """Whether the decode thread waits (lock held): with nothing to decode, or, *prefill first*
-        (vLLM's first scheduler), while prompts that may join the batch are being prefilled or can
-        start now. Rows then decode in fuller batches: on a CPU a decode step costs about the same
-        for 1 row as for 4 (it reads every weight either way), while a prompt's prefill is the
-        bulk of a request's work, and both compete for the same cores."""
+    def _decode_wait(self) -> float | None:
+        """How long the decode thread waits before its next step (lock held): 0 = step now, None =
+        until notified.
+
+        It waits with nothing to decode; and, *prefill first* (as vLLM's first scheduler), while
+        the rows it holds are no more than the rows being prefilled or queued to join, for at most
+        :data:`DECODE_PATIENCE_S` since the batch last moved. Rows then decode in fuller batches (on
+        a CPU a decode step costs about the same for 1 row as for 4: it reads every weight either
+        way) while the prompts' prefill, the bulk of a request's work, keeps the cores; and a
+        running batch is never held up for a newcomer or two (waiting for every prefill, the 99th
+        percentile latency of 64 requests from 16 clients was 134 s; waiting at most 1 s for any,
+        throughput at 16 clients fell from 1.9x that of one client to 1.3x).
+        """
         rows = len(self.active) + sum(len(s) for s in self.ready)
         if rows == 0:
-            return True
-        return rows < self.max_batch and (bool(self.prefilling) or self._admissible() is not None)
+            return None
+        if rows >= self.max_batch or not (self.prefilling or self._admissible() is not None):
+            return 0
+        return max(0.0, DECODE_PATIENCE_S - (time.monotonic() - self.moved))
 
     def _merge(self, staged: Staged) -> None:
         """Add prefilled rows to the batch: every cache is left-padded to the longest, then stacked."""
@@ -299,6 +321,7 @@ class Batcher:
         """One token for every active row; ended rows leave the batch."""
         assert self.cache is not None and self.mask is not None
         rows = self.active
+        self.moved = time.monotonic()
         self.steps += 1
         self.widest = max(self.widest, len(rows))
         tokens = torch.tensor([[row.ids[-1]] for row in rows])
