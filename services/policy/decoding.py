@@ -37,60 +37,21 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, cast
 
-import numpy as np
 import torch
 from torch.nn import functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from services.policy.engines import Generation, SamplingParams, find_stop
 from services.policy.prefix_cache import PrefixCache
-from services.policy.streaming import TextStream
+from services.policy.rows import Call, Retired, Row, advance, choose, generation
 
 log = logging.getLogger("hoprl.policy")
 
 
 #: the longest the batch waits for prompts being prefilled before its next step
 DECODE_PATIENCE_S = 10.0
-
-
-class Retired(RuntimeError):
-    """The batcher serves no new calls (the engine loaded another checkpoint): use the new one."""
-
-
-@dataclass(eq=False)
-class Call:
-    """One ``generate`` call: its rows (prompt-major, ``n`` per prompt); ``done`` once all ended."""
-
-    params: SamplingParams
-    rows: list[Row] = field(default_factory=list)
-    generator: torch.Generator | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    left: int = 0
-
-    @property
-    def alone(self) -> bool:
-        """A seeded call shares no batch, so the same request gives the same output."""
-        return self.params.seed is not None
-
-
-@dataclass(eq=False)
-class Row:
-    """One sequence being decoded; ``ids[-1]`` is the sampled token not yet in the cache."""
-
-    call: Call
-    prompt: list[int]
-    matcher: Any = None
-    stream: TextStream | None = None
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[tuple[list[float], list[int]]] = field(default_factory=list)
-    stop_reason: str | None = None
-    result: Generation | None = None
 
 
 Staged = list[tuple[Row, DynamicCache]]
@@ -374,56 +335,14 @@ class Batcher:
             yield
 
     def _choose(self, row: Row, logits: torch.Tensor) -> int:
-        """The row's next token from the model's raw ``logits`` (grammar mask, then its sampling)."""
-        params = row.call.params
-        scores = logits
-        if row.matcher is not None:
-            allowed = allowed_tokens(row.matcher, logits.shape[-1])
-            if allowed is None:  # the grammar admits nothing more: end the row
-                log.warning("grammar dead end: %s", row.matcher.get_error() or "no token allowed")
-                return next(iter(self.eos))
-            scores = logits.masked_fill(~allowed, float("-inf"))
-        if params.temperature == 0:
-            token = int(scores.argmax())
-        else:
-            probs = torch.softmax(scores / params.temperature, dim=-1)
-            if params.top_p < 1.0:
-                sorted_probs, order = probs.sort(descending=True)
-                outside = sorted_probs.cumsum(-1) - sorted_probs > params.top_p
-                probs = probs.scatter(0, order[outside], 0.0)
-            token = int(torch.multinomial(probs, 1, generator=row.call.generator))
-        if params.logprobs:
-            logp = torch.log_softmax(logits, dim=-1)
-            row.logprobs.append(float(logp[token]))
-            if params.top_logprobs:
-                values, indices = logp.topk(params.top_logprobs)
-                row.top.append((values.tolist(), indices.tolist()))
-        if row.matcher is not None and token not in self.eos:
-            row.matcher.consume_token(token)
-        return token
+        return choose(row, logits, self.eos)
 
     def _advance(self, row: Row, token: int) -> bool:
         """Append ``token``; True when the row has ended (its Generation is then built)."""
-        params = row.call.params
-        if token in self.eos:
-            return self._end(row, "stop")
-        row.ids.append(token)
-        if row.stream is not None:
-            row.stream.push(token)
-        if params.stop:
-            longest = max(len(s) for s in params.stop)
-            tail = self.tokenizer.decode(row.ids[-(longest + 1) :], skip_special_tokens=True)
-            if any(s in tail for s in params.stop):
-                hit = find_stop(self.tokenizer.decode(row.ids, skip_special_tokens=True), params.stop)
-                if hit is not None:
-                    row.stop_reason = hit[1]
-                    return self._end(row, "stop")
-        if len(row.ids) >= params.max_tokens or (params.deadline and time.monotonic() > params.deadline):
-            return self._end(row, "length")
-        return False
-
-    def _end(self, row: Row, finish: str) -> bool:
-        row.result = self._generation(row, finish)
+        finish = advance(row, token, self.tokenizer, self.eos)
+        if finish is None:
+            return False
+        row.result = generation(row, finish, self.tokenizer)
         return True
 
     def _release(self, row: Row) -> None:
@@ -436,35 +355,6 @@ class Batcher:
                     self.alone = None
                 call.done.set()
                 self.cond.notify_all()
-
-    def _generation(self, row: Row, finish: str) -> Generation:
-        tok, params, ids = self.tokenizer, row.call.params, row.ids
-        text = tok.decode(ids, skip_special_tokens=True)
-        if row.stop_reason is not None:
-            pos = text.find(row.stop_reason)
-            text = text[:pos]
-            ids = ids[: self._tokens_through(ids, pos + len(row.stop_reason))]
-        gen = Generation(text, finish, row.stop_reason, list(ids), [tok.decode([t]) for t in ids],
-                         prompt_tokens=len(row.prompt))  # fmt: skip
-        if params.logprobs:
-            gen.logprobs = row.logprobs[: len(ids)]
-            if params.top_logprobs:
-                gen.top_logprobs = [
-                    {tok.decode([i]): v for v, i in zip(vs, ix, strict=True)}
-                    for vs, ix in row.top[: len(ids)]
-                ]
-        return gen
-
-    def _tokens_through(self, ids: list[int], chars: int) -> int:
-        """The fewest leading tokens of ``ids`` whose decoded text is at least ``chars`` long."""
-        lo, hi = 1, len(ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if len(self.tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= chars:
-                hi = mid
-            else:
-                lo = mid + 1
-        return hi
 
     def _fail(self, calls: list[Call], exc: BaseException) -> None:
         with self.cond:
@@ -480,18 +370,3 @@ class Batcher:
 def kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the cache's key and value tensors ``[rows, kv heads, positions, head dim]``."""
     return [(layer.keys, layer.values) for layer in cast(list[Any], cache.layers)]
-
-
-def allowed_tokens(matcher: Any, vocab: int) -> torch.Tensor | None:
-    """The grammar's next-token mask as booleans over the model's ``vocab``; None if it admits nothing.
-
-    llguidance packs the mask in 32-bit words, least significant bit first (token 0 = bit 0 of
-    byte 0); tokens past the tokenizer's vocabulary (padded embedding rows) are never allowed.
-    """
-    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-    allowed = np.zeros(vocab, dtype=bool)
-    n = min(vocab, bits.size)
-    allowed[:n] = bits[:n].astype(bool)
-    if matcher.is_error() or not allowed.any():
-        return None
-    return torch.from_numpy(allowed)

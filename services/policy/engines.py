@@ -173,7 +173,7 @@ class TransformersEngine:
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
-        from services.policy.decoding import Retired
+        from services.policy.rows import Retired
 
         while True:
             with self.lock:
@@ -195,7 +195,7 @@ class TransformersEngine:
         """The rows of one call (encoded, checked against the context, each with its matcher/stream)."""
         import torch
 
-        from services.policy.decoding import Call, Row
+        from services.policy.rows import Call, Row
         from services.policy.streaming import TextStream
 
         tok = batcher.tokenizer

@@ -21,8 +21,8 @@ from hoprl.agent.grammar import GRAMMARS, Turn, grammar
 from hoprl.data.synthetic import generate
 from hoprl.recipes import RECIPES, get_recipe
 from hoprl.schemas import Question
-from services.policy.decoding import allowed_tokens
 from services.policy.model import resolve_model
+from services.policy.rows import allowed_tokens
 
 ROOT = Path(__file__).resolve().parents[3]
 Tokenizers = tuple[Any, Any]  # (the transformers tokenizer, llguidance's)
