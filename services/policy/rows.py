@@ -70,7 +70,11 @@ def choose(row: Row, logits: torch.Tensor, eos: set[int]) -> int:
     if params.temperature == 0:
         token = int(scores.argmax())
     else:
-        probs = torch.softmax(scores / params.temperature, dim=-1)
+        # A tiny temperature (5e-324 is a valid float > 0) is 0 in float32 and overflowed the scores
+        # to NaN: it is floored to the dtype's smallest normal and applied to scores less their top
+        # one, so the top token keeps probability 1 (greedy) instead.
+        temperature = max(params.temperature, torch.finfo(scores.dtype).tiny)
+        probs = torch.softmax((scores - scores.max()) / temperature, dim=-1)
         if params.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             outside = sorted_probs.cumsum(-1) - sorted_probs > params.top_p

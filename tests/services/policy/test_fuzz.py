@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from services.local import LocalServer
@@ -36,3 +37,22 @@ def test_no_server_errors(fuzzed: str) -> None:
     assert report.failures == [], "\n".join(report.failures)
     assert len(report.per_operation) >= 8
     assert report.statuses[200] > 0 and any(400 <= s < 500 for s in report.statuses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_denormal_temperature_samples_the_top_token(fuzzed: str, stream: bool) -> None:
+    """Found by ``make fuzz``: temperature 5e-324 is > 0, so valid, and the sampler divided the raw
+    scores by it: they overflowed, the softmax gave NaN and the request a 500. It is greedy now."""
+    body = {"prompt": "Velmora is the capital of", "max_tokens": 4, "stream": stream}
+    greedy = httpx.post(
+        f"{fuzzed}/v1/completions", json=body | {"temperature": 0, "stream": False}, timeout=120
+    )
+    tiny = httpx.post(
+        f"{fuzzed}/v1/completions", json=body | {"temperature": 5e-324, "top_p": 5e-324}, timeout=120
+    )
+    assert tiny.status_code == 200, tiny.text
+    if stream:
+        assert '"error"' not in tiny.text and tiny.text.rstrip().endswith("data: [DONE]"), tiny.text
+    else:
+        assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
