@@ -33,6 +33,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.core import NotSet
+from schemathesis.core.failures import FailureGroup
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -123,11 +124,13 @@ class FuzzReport:
             self.requests.update(repr(sent).encode("utf-8", "surrogatepass"))
         self.statuses[response.status_code] += 1
         self.per_operation[case.operation.label] += 1
-        problems = []
+        problems: list[str] = []
         try:
             case.validate_response(response, checks=CHECKS, headers=headers)
-        except Exception as exc:  # schemathesis raises one group of every failed check
-            problems.append(str(exc).strip())
+        except FailureGroup as group:  # one group of every failed check (a BaseExceptionGroup)
+            problems.extend(f"{type(e).__name__}: {str(e).strip()}" for e in group.exceptions)
+        except Exception as exc:  # a single failed check
+            problems.append(f"{type(exc).__name__}: {str(exc).strip()}")
         problem = error_body_problem(response)
         if problem:
             problems.append(problem)

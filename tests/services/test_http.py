@@ -25,9 +25,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
+from services.errors import ERROR_RESPONSES, ApiError, install_error_handlers
 from services.judge.app import create_app as judge_app
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer
@@ -38,6 +39,7 @@ from services.retriever.app import create_app as retriever_app
 from services.retriever.settings import RetrieverSettings
 from services.trainer.app import create_app as trainer_app
 from services.trainer.settings import TrainerSettings
+from tests.fuzz import fuzz
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("retriever", "judge", "trainer", "policy")
@@ -300,3 +302,36 @@ def test_the_declaration_check_sees_an_undeclared_code() -> None:
 
     assert 409 in raised_codes(cancel_job) and 404 in raised_codes(cancel_job)
     assert not declared({"200": {}, "404": {}})(409)
+
+
+class ToyBody(BaseModel):
+    x: int
+
+
+def toy_app() -> FastAPI:
+    """A route that fails on large numbers and one that answers a status it does not declare."""
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/boom", responses=ERROR_RESPONSES)
+    def boom(body: ToyBody) -> dict[str, int]:
+        if body.x > 5:
+            raise RuntimeError("boom")
+        return {"x": body.x}
+
+    @app.post("/teapot", responses=ERROR_RESPONSES)
+    def teapot(body: ToyBody) -> dict[str, int]:
+        raise ApiError(418, "teapot", "undeclared")
+
+    return app
+
+
+def test_the_fuzzer_reports_what_it_finds() -> None:
+    """Guard against a vacuous pass of the fuzz tests: both faults of :func:`toy_app` are reported,
+    each with a curl command, and the run goes on after the first failure."""
+    with LocalServer(toy_app()) as server:
+        report = fuzz(server.url, "toy", 20)
+    assert report.server_errors > 0 and report.statuses[418] > 0
+    assert any("POST /boom: " in f and "ServerError" in f and "curl -X POST" in f for f in report.failures)
+    assert any("POST /teapot: " in f and "UndefinedStatusCode" in f for f in report.failures)
+    assert report.per_operation["POST /boom"] >= 20
