@@ -64,6 +64,8 @@ LEXEMES = {
 }
 
 # -- a tiny grammar algebra: Lark text plus the longest segment in tokens ---------------------------
+# Written here because the token bound is ours to compute: llguidance compiles the Lark text, but
+# no library tells how many tokens the longest string of a grammar takes.
 
 
 @dataclass(frozen=True)
@@ -121,19 +123,21 @@ def block(tag: str, cap: str, lexeme: str = "TEXT") -> Seq:
 NL = opt("\n")
 
 
-def _lark(node: Node, caps: dict[str, int]) -> str:
+def _lark(node: Node) -> str:
+    """The node as a Lark expression (a Gen is a reference to its capped rule)."""
     if isinstance(node, Lit):
         return json.dumps(node.text)
     if isinstance(node, Gen):
         return f"{node.cap}_{node.lexeme.lower()}"
     if isinstance(node, Seq):
-        return " ".join(_lark(p, caps) for p in node.parts)
+        return " ".join(_lark(p) for p in node.parts)
     if isinstance(node, Alt):
-        return "(" + " | ".join(_lark(p, caps) for p in node.parts) + ")"
-    return f"({_lark(node.part, caps)}){{{node.low},{node.high}}}"
+        return "(" + " | ".join(_lark(p) for p in node.parts) + ")"
+    return f"({_lark(node.part)}){{{node.low},{node.high}}}"
 
 
 def _longest(node: Node, caps: dict[str, int]) -> int:
+    """Tokens of the longest string the node admits under ``caps``."""
     if isinstance(node, Lit):
         return len(node.text.encode())
     if isinstance(node, Gen):
@@ -263,7 +267,7 @@ def grammar(recipe: str, *, max_tokens: int = 256, turn: Turn = Turn()) -> Gramm
         while _longest(node, caps) > max_tokens:  # the floor of 1 token can overshoot: trim the largest
             top = max(caps, key=lambda k: caps[k])
             caps[top] -= 1
-    rules = [f"start: {_lark(node, caps)}"]
+    rules = [f"start: {_lark(node)}"]
     for gen in sorted(_gens(node), key=lambda g: (g.cap, g.lexeme)):
         rules.append(f"{gen.cap}_{gen.lexeme.lower()}[max_tokens={caps[gen.cap]}]: {gen.lexeme}")
     rules += [
