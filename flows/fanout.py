@@ -118,9 +118,15 @@ def use_eager(eager: bool = True) -> None:
 
 
 @functools.cache
-def registry(url: str | None = None) -> Registry:
-    """One registry per worker process and URL (opening one checks the schema)."""
+def _open(url: str | None) -> Registry:
     return Registry(url)
+
+
+def registry() -> Registry:
+    """The registry at ``$HOPRL_DATABASE_URL`` as it is now: one open registry per worker process and
+    URL (opening one checks the schema). The URL is read on every call, so a cache filled under one
+    URL never serves another (a unit written to the wrong database fails its foreign keys)."""
+    return _open(os.environ.get("HOPRL_DATABASE_URL"))
 
 
 @functools.cache

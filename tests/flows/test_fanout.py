@@ -136,7 +136,7 @@ def registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        fanout.registry.cache_clear()
+        fanout._open.cache_clear()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
@@ -174,12 +174,12 @@ def rollouts(
 @pytest.fixture
 def eager(registry_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HOPRL_DATABASE_URL", registry_url)
-    fanout.registry.cache_clear()
+    fanout._open.cache_clear()
     was_eager = fanout.app.conf.task_always_eager
     fanout.use_eager()
     yield
     fanout.use_eager(was_eager)
-    fanout.registry.cache_clear()
+    fanout._open.cache_clear()
 
 
 @pytest.mark.usefixtures("eager")
