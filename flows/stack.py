@@ -50,12 +50,15 @@ APPS = {
     "policy": ("services.policy.app:app", "HOPRL_POLICY_URL"),
     "trainer": ("services.trainer.app:app", "HOPRL_TRAINER_URL"),
 }
-# /v1/answer limits of the policy a local run starts: the trainer's cpu preset episode shape (4 turns of
-# 64 tokens, 512 tokens of context growth), so a CPU run is evaluated in the shape it was trained in.
+# /v1/answer limits of the policy a local run starts: the trainer's cpu preset episode shape (4 turns,
+# 512 tokens of context growth), so a CPU run is evaluated in the shape it was trained in. A step
+# gets twice the preset's 64 tokens: the action grammar bounds its tags at one token per byte (52
+# bytes in when-to-search's think-reflect-answer form), and at 64 tokens it left the answer 9 tokens
+# and the thoughts 1 (with every block cut to 1 token before, `make run`'s answers were "Dilem").
 # A deployment (HOPRL_POLICY_URL) sets its own POLICY_* limits.
 POLICY_LIMITS = {
     "POLICY_MAX_STEPS": str(CPU_PRESET["max_turns"]),
-    "POLICY_MAX_TOKENS_PER_STEP": str(CPU_PRESET["max_new_tokens_per_step"]),
+    "POLICY_MAX_TOKENS_PER_STEP": str(2 * CPU_PRESET["max_new_tokens_per_step"]),
     "POLICY_TOKEN_BUDGET": str(CPU_PRESET["token_budget"]),
     "POLICY_REQUEST_TIMEOUT_S": "600",
 }

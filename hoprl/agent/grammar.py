@@ -33,8 +33,9 @@ a served episode ends with an answer instead of running out of steps.
 
 Every free-text block is non-empty, holds no ``<`` (so no tag can open inside it) and has a token
 cap (:data:`CAPS`). Tags themselves cost at most one token per byte, so :func:`grammar` knows the
-longest segment its grammar admits and shrinks the caps until it fits ``max_tokens``: a constrained
-segment is never cut at the token limit (which the runner would count as a format error).
+longest segment its grammar admits and shrinks the caps alike until it fits ``max_tokens`` (an
+answer or query keeps :data:`ANSWER_FLOOR` tokens at the thoughts' expense where it can): a
+constrained segment is never cut at the token limit (which the runner would count as a format error).
 
     >>> g = grammar("search-r1", max_tokens=256)
     >>> g.name, g.longest <= 256
@@ -51,6 +52,10 @@ from hoprl.recipes.base import unknown
 
 #: Token caps of the free-text blocks (a serving limit: long thoughts cost latency, not accuracy).
 CAPS = {"think": 48, "review": 40, "analysis": 96, "query": 24, "answer": 24, "plain": 64}
+#: the thought blocks, and the tokens an answer or query keeps before they do when a segment must
+#: fit fewer tokens (most HotpotQA answers take 1-5 tokens)
+THOUGHTS = frozenset({"think", "review", "analysis"})
+ANSWER_FLOOR = 8
 
 # Lexemes: TEXT may span lines, LINE may not; both hold a non-space character and no "<".
 LEXEMES = {
@@ -245,6 +250,25 @@ class Grammar:
     longest: int
 
 
+def _shrink(node: Node, caps: dict[str, int], keys: list[str], max_tokens: int) -> bool:
+    """Scale the caps of ``keys`` (down to 1 token each) until ``node`` fits ``max_tokens``; the
+    other caps stay. Returns whether it fits."""
+    if _longest(node, caps) <= max_tokens:
+        return True
+    if not keys:
+        return False
+    floor = {**caps, **dict.fromkeys(keys, 1)}
+    if _longest(node, floor) > max_tokens:
+        return False
+    fixed, full = _longest(node, {**caps, **dict.fromkeys(keys, 0)}), _longest(node, caps)
+    scale = (max_tokens - fixed) / (full - fixed)  # every path's text in ``keys`` shrinks alike
+    caps.update({k: max(1, int(caps[k] * scale)) for k in keys})
+    while _longest(node, caps) > max_tokens:  # the floor of 1 token can overshoot: trim the largest
+        top = max(keys, key=lambda k: caps[k])
+        caps[top] -= 1
+    return True
+
+
 def grammar(recipe: str, *, max_tokens: int = 256, turn: Turn = Turn()) -> Grammar:
     """The Lark grammar of ``recipe``'s next segment, whose longest string fits ``max_tokens``.
 
@@ -260,13 +284,14 @@ def grammar(recipe: str, *, max_tokens: int = 256, turn: Turn = Turn()) -> Gramm
         raise ValueError(f"max_tokens={max_tokens} is too small for the {recipe} grammar (its tags "
                          f"alone take up to {_longest(node, dict.fromkeys(used, 0))} tokens)")  # fmt: skip
     caps = {k: CAPS[k] for k in used}
-    fixed, full = _longest(node, dict.fromkeys(used, 0)), _longest(node, caps)
-    if full > max_tokens:  # every path's free text shrinks by the same factor, so all paths fit
-        scale = (max_tokens - fixed) / (full - fixed)
-        caps = {k: max(1, int(v * scale)) for k, v in caps.items()}
-        while _longest(node, caps) > max_tokens:  # the floor of 1 token can overshoot: trim the largest
-            top = max(caps, key=lambda k: caps[k])
-            caps[top] -= 1
+    _shrink(node, caps, sorted(used), max_tokens)  # all blocks alike; fits: the 1-token floor does
+    # An answer or query cut below ANSWER_FLOOR tokens takes room from the thoughts instead (at 64
+    # tokens when-to-search's blocks all fell to 1 token and make run's answers read "Dilem").
+    short = {k: min(CAPS[k], ANSWER_FLOOR) for k in used - THOUGHTS}
+    if any(caps[k] < v for k, v in short.items()):
+        kept = {**{k: CAPS[k] for k in used}, **short}
+        if _shrink(node, kept, sorted(used & THOUGHTS), max_tokens):
+            caps = kept
     rules = [f"start: {_lark(node)}"]
     for gen in sorted(_gens(node), key=lambda g: (g.cap, g.lexeme)):
         rules.append(f"{gen.cap}_{gen.lexeme.lower()}[max_tokens={caps[gen.cap]}]: {gen.lexeme}")

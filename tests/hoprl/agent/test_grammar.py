@@ -9,6 +9,7 @@ the recipe's own ``parse`` reads as an action, never a format error.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,32 @@ def test_longest_segment_fits_max_tokens_and_too_few_tokens_is_an_error() -> Non
     assert grammar("search-r1").name == "search-r1@1"
     with pytest.raises(ValueError, match="too small for the r2ag grammar"):
         grammar("r2ag", max_tokens=64)
+
+
+def caps(lark: str) -> dict[str, int]:
+    """The token cap of each free-text rule of a grammar's Lark text (``think_text[max_tokens=12]``)."""
+    found = re.findall(r"^(\w+)_\w+\[max_tokens=(\d+)\]", lark, flags=re.MULTILINE)
+    return {name: int(cap) for name, cap in found}
+
+
+def test_caps_shrink_alike_and_answers_keep_eight_tokens() -> None:
+    """Tags count one token per byte. when-to-search's first turn is ``<think>t</think>\\n`` (16 bytes)
+    then ``<search>q</search>`` (17) or ``<reflect>r</reflect>\\n<answer>a</answer>`` (37): its longest
+    segment is 16 + t + max(17 + q, 37 + r + a); with the caps t 48, r 40, q 24, a 24 that is 165.
+
+    At 100 tokens all caps scale alike: without text 16 + max(17, 37) = 53, so the scale is
+    (100 - 53) / (165 - 53) = 0.4196: t = int(20.1) = 20, r = int(16.8) = 16, q = a = int(10.07) = 10
+    (16 + 20 + 63 = 99 tokens).
+    At 64 the same scale, 11 / 112, would leave a = q = 2: they keep 8 instead and the thoughts
+    shrink alone: 16 + max(25, 45) = 61 without thoughts, scale (64 - 61) / (149 - 61), t = r = 1
+    (63 tokens). Before, every block fell to 1 token and the answers were cut to their first token.
+    """
+    assert caps(grammar("when-to-search", max_tokens=100).lark) == {
+        "think": 20, "review": 16, "query": 10, "answer": 10
+    }  # fmt: skip
+    short = {"think": 1, "review": 1, "query": 8, "answer": 8}
+    assert caps(grammar("when-to-search", max_tokens=64).lark) == short
+    assert grammar("when-to-search", max_tokens=64).longest == 63
 
 
 def expert_questions() -> list[Question]:

@@ -25,6 +25,7 @@ import pytest
 
 from flows.pipeline import job_request
 from flows.stack import POLICY_LIMITS
+from hoprl.agent.grammar import grammar
 from hoprl.pipeline_cli import add_arguments, pipeline_options
 from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
@@ -239,7 +240,13 @@ def test_make_run_sends_trainer_jobs_with_the_cpu_preset() -> None:
     assert {k: getattr(hp, k) for k in CPU} == CPU
     assert request.objective == "dapo"  # when-to-search's paper objective, sizes scaled only
     assert POLICY_LIMITS["POLICY_MAX_STEPS"] == str(CPU["max_turns"])
-    assert POLICY_LIMITS["POLICY_MAX_TOKENS_PER_STEP"] == str(CPU["max_new_tokens_per_step"])
+    # the served step has room for the grammar's tags (bounded at one token per byte) beside the
+    # text: at 128 tokens when-to-search's caps scale by (128 - 53) / (165 - 53) = 0.67, so answers
+    # and queries keep int(24 * 0.67) = 16 tokens (at 64 they would keep 8 and the thoughts 1)
+    step = int(POLICY_LIMITS["POLICY_MAX_TOKENS_PER_STEP"])
+    assert step == 2 * CPU["max_new_tokens_per_step"]
+    served = grammar("when-to-search", max_tokens=step).lark
+    assert "answer_line[max_tokens=16]" in served and "query_line[max_tokens=16]" in served
     assert POLICY_LIMITS["POLICY_TOKEN_BUDGET"] == str(CPU["token_budget"])
 
 
