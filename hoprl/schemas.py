@@ -144,8 +144,8 @@ class SearchRequest(BaseModel):
             kinds = {_filter_kind(v) for v in values}
             if not values or None in kinds or len(kinds) > 1:
                 raise ValueError(
-                    f"filter[{key!r}] = {json.dumps(value)} cannot be matched: use a string, an integer, or a "
-                    "non-empty list of strings or of integers (null, true/false, decimals and objects "
+                    f"filter[{key!r}] = {json.dumps(value)} cannot be matched: use a string, an integer, "
+                    "or a non-empty list of strings or of integers (null, true/false, decimals and objects "
                     "are not filter values)"
                 )
         return filter
