@@ -6,8 +6,11 @@ agent loop and the HTTP round trips. On top of that:
 
 - **judge accuracy**: the judge service grades each answer (semantic equivalence, aliases); an
   unanswerable question counts as correct when the agent refused it;
-- **retrieval metrics**: Recall@K, Full-Recall@K and mAP of the retriever on the run's index,
-  with each question as the query, against the gold paragraphs;
+- **the agent's retrieval**: Recall, Full-Recall and mAP of the paragraphs each episode itself
+  retrieved, at the number K it retrieved (R2AG's headline metrics; mean K reported), and the mean
+  retrieval and generation time per question (T_r / T_g);
+- **the index's retrieval**: Recall@K, Full-Recall@K and mAP of the retriever on the run's index,
+  with each question as the query, against the gold paragraphs (independent of the policy);
 - the evaluation and its per-question predictions are stored in the registry (the paired
   bootstrap against the baseline reads them), the predictions also as
   ``<run folder>/evals/<label>.json``, and the run's report is published again
@@ -49,6 +52,11 @@ SUMMARY_KEYS = (
     "errors",
     "outcomes",
     "seconds",
+    "ended",
+    "agent_recall",
+    "agent_full_recall",
+    "agent_map",
+    "agent_k",
 )
 
 
@@ -67,7 +75,7 @@ def answer_questions(
     report = evaluate_answers(policy_url, retriever_url, questions, recipe, collection)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report["predictions"], indent=1))
-    return {k: report[k] for k in SUMMARY_KEYS}
+    return {k: report[k] for k in SUMMARY_KEYS if k in report}  # agent_*: only with gold paragraphs
 
 
 @task(retries=2, retry_delay_seconds=5)
@@ -91,7 +99,7 @@ def judge_answers(
             for v in client.answer(items[i : i + JUDGE_BATCH])
         ]
     by_id = dict(zip((r["id"] for r in graded), verdicts, strict=True))
-    return [by_id.get(r["id"], r["outcome"] == "refused") for r in rows]
+    return [by_id.get(r["id"], r["outcome"] == "refuse") for r in rows]
 
 
 @task(retries=2, retry_delay_seconds=5)
@@ -117,7 +125,7 @@ def predictions(rows: list[dict[str, Any]], verdicts: list[bool]) -> list[Predic
         Prediction(
             question_id=r["id"],
             prediction=r["prediction"] or "",
-            refused=r["outcome"] == "refused",
+            refused=r["outcome"] == "refuse",
             em=r["em"],
             f1=r["f1"],
             judge_verdict=v,

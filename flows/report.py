@@ -3,10 +3,12 @@
 Everything is read back from the registry, so the report can be rebuilt at any time (each
 evaluation and each training segment publishes it again):
 
-- ``report.md``: per dataset, three narrow tables with every evaluation of the run: answers (EM,
+- ``report.md``: per dataset, five narrow tables with every evaluation of the run: answers (EM,
   F1, judge accuracy, retrieval count), the paired bootstrap (10,000 resamples) of each EM against
-  the evaluation labelled ``baseline`` (difference, 95% interval, p), and retrieval and latency
-  (Recall / Full-Recall / mAP, p50). Few short columns each, so the Prefect UI's markdown view
+  the evaluation labelled ``baseline`` (difference, 95% interval, p), the agent's own retrieval
+  (Recall / Full-Recall / mAP of its episodes' documents at their mean K), the index's retrieval
+  with the question as the query (Recall@K / Full-Recall@K / mAP), and seconds per question
+  (p50 / p99 latency, T_r / T_g). Few short columns each, so the Prefect UI's markdown view
   shows every column (one wide table had its last column cut off there);
 - ``training.png``: the training reward per step and the dev EM at each segment's check, with the
   curriculum's stage switches as vertical lines;
@@ -50,12 +52,26 @@ from hoprl.registry.models import EvaluationRow
 
 # The report's tables: (metric key, column header); each table stays a few short columns wide.
 ANSWER_COLUMNS = [("em", "EM"), ("f1", "F1"), ("judge_accuracy", "judge"), ("retrieval_count", "retrievals")]
+# What the episodes themselves retrieved, at their own K (R2AG's Recall / Full-Recall / mAP with K)
+AGENT_COLUMNS = [
+    ("agent_k", "K"),
+    ("agent_recall", "R@K"),
+    ("agent_full_recall", "FullR@K"),
+    ("agent_map", "mAP@K"),
+]
+# The index alone: a hybrid search with the question as the query
 RETRIEVAL_COLUMNS = [
     ("recall@2", "R@2"),
     ("recall@5", "R@5"),
     ("full_recall@5", "FullR@5"),
     ("map@10", "mAP@10"),
+]
+# Seconds per question: latency percentiles, and the time spent retrieving (T_r) and generating (T_g)
+TIME_COLUMNS = [
     ("latency_p50_s", "p50 s"),
+    ("latency_p99_s", "p99 s"),
+    ("retrieval_s", "T_r s"),
+    ("generation_s", "T_g s"),
 ]
 
 
@@ -100,10 +116,13 @@ def markdown_table(run_id: str) -> str:
             [name, str(r.metrics.get("recipe", ""))] + [cell(r.metrics.get(k)) for k, _ in ANSWER_COLUMNS]
             for name, r in zip(names, group, strict=True)
         ]
-        retrieval = [
-            [name] + [cell(r.metrics.get(k)) for k, _ in RETRIEVAL_COLUMNS]
-            for name, r in zip(names, group, strict=True)
-        ]
+        agent, retrieval, times = (
+            [
+                [name] + [cell(r.metrics.get(k)) for k, _ in columns]
+                for name, r in zip(names, group, strict=True)
+            ]
+            for columns in (AGENT_COLUMNS, RETRIEVAL_COLUMNS, TIME_COLUMNS)
+        )
         lines += [f"## {dataset} ({group[0].split}, {group[0].metrics.get('questions', '?')} questions)", ""]
         lines += ["### Answers", ""]
         lines += table(["evaluation", "recipe"] + [h for _, h in ANSWER_COLUMNS], answers, names=2)
@@ -112,8 +131,12 @@ def markdown_table(run_id: str) -> str:
             ["evaluation", "EM diff", "95% CI", "p"],
             [[name, *versus(r, baseline)] for name, r in zip(names, group, strict=True)],
         )
-        lines += ["### Retrieval and latency", ""]
+        lines += ["### The agent's retrieval (the documents its episodes retrieved, at their K)", ""]
+        lines += table(["evaluation"] + [h for _, h in AGENT_COLUMNS], agent)
+        lines += ["### The index's retrieval (the question as the query)", ""]
         lines += table(["evaluation"] + [h for _, h in RETRIEVAL_COLUMNS], retrieval)
+        lines += ["### Seconds per question", ""]
+        lines += table(["evaluation"] + [h for _, h in TIME_COLUMNS], times)
     switches = registry().stage_switches(run_id)
     if switches:
         lines += ["## Curriculum", ""] + [

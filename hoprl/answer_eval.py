@@ -24,9 +24,10 @@ from fastapi import FastAPI
 
 from hoprl.clients.policy import Answer, AsyncPolicyClient, ServiceError
 from hoprl.clients.retriever import RetrieverClient
-from hoprl.data.corpus import pool
+from hoprl.data.corpus import gold_ids, pool
 from hoprl.evaluation import corpus_collection, ensure_indexed, progress
 from hoprl.metrics.answer import exact_match, f1
+from hoprl.metrics.retrieval import agent_retrieval
 from hoprl.schemas import Question
 
 #: outcomes that end an episode by the recipe's own final action
@@ -40,6 +41,13 @@ def prepare_collection(retriever_url: str, questions: Sequence[Question], name: 
     with RetrieverClient(retriever_url) as client:
         ensure_indexed(client, collection, documents)
     return collection
+
+
+def retrieved_ids(reply: Answer | None) -> list[str]:
+    """The paragraph ids an answer's trace retrieved, in the order they came back (a chunk
+    ``<doc id>#<n>`` counts as its paragraph), each once."""
+    steps = (reply.steps or []) if reply is not None else []
+    return list(dict.fromkeys(d.id.split("#")[0] for s in steps for docs in s.docs for d in docs))
 
 
 def _score(question: Question, reply: Answer | None, error: str | None, latency: float) -> dict[str, Any]:
@@ -57,6 +65,8 @@ def _score(question: Question, reply: Answer | None, error: str | None, latency:
         "retrieval_s": reply.timings.retrieval_s if reply else 0.0,
         "generation_s": reply.timings.generation_s if reply else 0.0,
         "error": error,
+        "retrieved": retrieved_ids(reply),
+        "gold": sorted(gold_ids(question)),
     }
 
 
@@ -86,11 +96,15 @@ async def _answer_all(
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Means of EM / F1 / retrievals, latency percentiles, outcome counts.
+    """Means of EM / F1 / retrievals, latency percentiles, outcome counts, the agent's retrieval.
 
     ``ended``: the share of questions whose episode ended with the recipe's own final action (an
     answer, a refusal, or R2AG's stop), not a format error, a step or token cap, or an error.
     ``constrained``: the share answered under the recipe's action grammar.
+    ``agent_recall`` / ``agent_full_recall`` / ``agent_map`` at ``agent_k``: what the episodes
+    themselves retrieved (:func:`hoprl.metrics.retrieval.agent_retrieval`), over questions with gold.
+    ``retrieval_s`` / ``generation_s``: the mean time per question spent retrieving and generating
+    (R2AG's T_r / T_g).
     """
     latency = np.array([r["latency_s"] for r in rows]) if rows else np.zeros(1)
 
@@ -110,6 +124,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ended": float(np.mean([r["outcome"] in ENDINGS for r in rows])) if rows else 0.0,
         "constrained": mean("constrained"),
         "outcomes": dict(Counter(r["outcome"] for r in rows)),
+        **agent_retrieval([r["retrieved"] for r in rows], [set(r["gold"]) for r in rows]),
     }
 
 

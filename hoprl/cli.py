@@ -171,14 +171,18 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     table = Table(title=f"answers on {args.data}")
-    for column in ("recipe", "EM", "F1", "retrievals", "p50 s", "errors"):
+    columns = ("recipe", "EM", "F1", "ended %", "retrievals", "K", "R@K", "FullR@K", "p50 s", "errors")
+    for column in columns:
         table.add_column(column, justify="left" if column == "recipe" else "right")
     for r in rows:
+        agent = [f"{r[k]:.2f}" if k in r else "-" for k in ("agent_k", "agent_recall", "agent_full_recall")]
         table.add_row(
             r["recipe"],
             f"{100 * r['em']:.1f}",
             f"{100 * r['f1']:.1f}",
+            f"{100 * r['ended']:.1f}",
             f"{r['retrieval_count']:.2f}",
+            *agent,
             f"{r['latency_p50_s']:.2f}",
             str(r["errors"]),
         )

@@ -44,3 +44,29 @@ def retrieval_report(
     out[f"map@{max(ks)}"] = sum(average_precision(r, g, max(ks)) for r, g in pairs) / n
     out["questions"] = n
     return out
+
+
+def agent_retrieval(retrieved: Sequence[Sequence[str]], golds: Sequence[set[str]]) -> dict[str, float]:
+    """The retrieval of the agent itself, as R2AG reports it (Recall, Full-Recall and mAP at K).
+
+    ``retrieved[i]``: the paragraph ids question ``i``'s episode got back, in the order they came
+    (step by step, each query's results in rank order); repeats count once, at their first place.
+    Each question is scored at its own K (the distinct paragraphs it retrieved): Recall@K,
+    Full-Recall@K and AP over that list. Returns the means over the questions with gold as
+    ``agent_recall``, ``agent_full_recall``, ``agent_map``, and the mean K as ``agent_k`` (the
+    paper reports K beside the metrics: more documents buy recall); empty without gold.
+
+    >>> r = agent_retrieval([["a", "x", "a", "b"], []], [{"a", "b"}, {"c"}])
+    >>> r["agent_k"], r["agent_recall"], r["agent_full_recall"], round(r["agent_map"], 4)
+    (1.5, 0.5, 0.5, 0.4167)
+    """
+    pairs = [(list(dict.fromkeys(r)), g) for r, g in zip(retrieved, golds, strict=True) if g]
+    if not pairs:
+        return {}
+    n = len(pairs)
+    return {
+        "agent_recall": sum(recall_at_k(r, g, len(r)) for r, g in pairs) / n,
+        "agent_full_recall": sum(full_recall_at_k(r, g, len(r)) for r, g in pairs) / n,
+        "agent_map": sum(average_precision(r, g) for r, g in pairs) / n,
+        "agent_k": sum(len(r) for r, _ in pairs) / n,
+    }

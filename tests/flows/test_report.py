@@ -37,7 +37,8 @@ def run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             "label": label, "recipe": recipe, "questions": len(ems), "em": sum(ems) / len(ems),
             "f1": sum(ems) / len(ems), "judge_accuracy": 0.5, "retrieval_count": 1.0,
             "recall@2": 0.25, "recall@5": 0.5, "full_recall@5": 0.25, "map@10": 0.3125,
-            "latency_p50_s": 1.234,
+            "latency_p50_s": 1.234, "latency_p99_s": 2.5, "retrieval_s": 0.05, "generation_s": 1.125,
+            "agent_k": 2.5, "agent_recall": 0.75, "agent_full_recall": 0.5, "agent_map": 0.625,
         }  # fmt: skip
         predictions = [
             Prediction(question_id=f"q{i}", prediction="x", refused=False, em=em, f1=em,
@@ -58,9 +59,11 @@ def test_report_tables_are_narrow(run_id: str) -> None:
     assert max(len(v) for c in cells for v in c) <= 24
     # Nothing was dropped: every evaluation and every metric is still in the report.
     for label, _, _ in EVALUATIONS:
-        assert sum(c[0] == label for c in cells) == 3  # answers, EM vs baseline, retrieval
+        assert sum(c[0] == label for c in cells) == 5  # answers, EM vs baseline, agent, index, time
     assert "| final | when-to-search | 0.750 | 0.750 | 0.500 | 1.000 |" in text
-    assert "| final | 0.250 | 0.500 | 0.250 | 0.312 | 1.234 |" in text
+    assert "| final | 2.500 | 0.750 | 0.500 | 0.625 |" in text  # the agent's retrieval at its K
+    assert "| final | 0.250 | 0.500 | 0.250 | 0.312 |" in text  # the index's
+    assert "| final | 1.234 | 2.500 | 0.050 | 1.125 |" in text
     # final vs baseline: EM 0.75 vs 0 on the same 4 questions, a difference of +0.750
     (final,) = [c for c in cells if c[0] == "final" and c[1].startswith("+")]
     assert final[1] == "+0.750" and final[2].startswith("[")

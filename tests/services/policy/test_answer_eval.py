@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from hoprl.answer_eval import evaluate_answers
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.data.corpus import doc_id
+from hoprl.recipes import get_recipe
 from hoprl.schemas import Paragraph, Question
 from services.policy.app import create_app
 
@@ -30,6 +33,20 @@ def test_evaluate_answers_in_process_app(indexed: str, model_path: str) -> None:
     assert report["retrieval_count"] == 1.0  # naive-rag retrieves once, with the question
     assert 0 < report["latency_p50_s"] <= report["latency_p99_s"]
     assert [p["id"] for p in report["predictions"]] == ["q0", "q1"]
+    # The agent's retrieval is what its episodes retrieved: naive-rag's one search with the question
+    # returns the recipe's top_k paragraphs, the same ones as asking the retriever directly (their
+    # order among equal fused scores may differ between the two calls).
+    top_k = get_recipe("naive-rag").top_k
+    with RetrieverClient(indexed) as retriever:
+        hits = retriever.search(
+            report["collection"], [q.question for q in QUESTIONS[:2]], top_k=top_k, mode="hybrid"
+        )
+    direct = [list(dict.fromkeys(h.id.split("#")[0] for h in row)) for row in hits]
+    assert [sorted(p["retrieved"]) for p in report["predictions"]] == [sorted(r) for r in direct]
+    golds = [{doc_id(p.title, p.text) for p in q.paragraphs if p.is_gold} for q in QUESTIONS[:2]]
+    found = [len(g & set(r)) / len(g) for g, r in zip(golds, direct, strict=True)]  # one gold each
+    assert report["agent_recall"] == report["agent_full_recall"] == sum(found) / 2
+    assert report["agent_k"] == sum(len(r) for r in direct) / 2
 
 
 def test_evaluate_answers_over_a_url_counts_failures(policy_url: str, indexed: str) -> None:
