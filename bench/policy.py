@@ -33,6 +33,7 @@ import openai
 import torch
 
 from hoprl.answer_eval import prepare_collection
+from hoprl.clients.http import client_options
 from hoprl.data.jsonl import load_questions
 from hoprl.schemas import Question
 from services.local import LocalServer
@@ -76,7 +77,7 @@ async def answer_load(
     semaphore = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     errors = 0
-    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+    async with httpx.AsyncClient(base_url=url, **client_options(600, {})) as http:  # sends $HOPRL_API_KEY
 
         async def one(q: Question) -> None:
             nonlocal errors
