@@ -56,16 +56,20 @@ def start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[b
         )
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group (the server's own children too), SIGKILL after 20 s."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 20.0) -> None:
+    """SIGTERM every process group (the server's own children too) at once, SIGKILL what still runs
+    after ``grace_s``: the worker and the server shut down side by side, so Ctrl-C takes at most
+    one grace period (one after the other took up to two, over a minute on a loaded machine)."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -125,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make ui: {exc}", file=sys.stderr)
         return 1
     finally:
-        for proc in reversed(procs.values()):
-            stop(proc)
+        stop(list(procs.values()))
 
 
 if __name__ == "__main__":

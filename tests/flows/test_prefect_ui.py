@@ -13,6 +13,7 @@ per evaluation, 0 RL steps for the UI run, 2 SFT + 2 GRPO steps of a 2-layer mod
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import json
 import os
@@ -104,9 +105,13 @@ def ui(folder: Path, env: dict[str, str]) -> Iterator[str]:
         yield api
     finally:
         proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        try:  # flows.ui gives the worker and the server 20 s together; a loaded CI machine is slow
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # kill its server and worker too (own process groups), so
+            children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+            for pid in children.stdout.split():  # no orphan fails the next run's checks
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(pid), signal.SIGKILL)
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and prefect_api(api) is None, "Ctrl-C left the server running"
