@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
     signal.signal(signal.SIGTERM, terminate)
+    # Ctrl-C stops it even when started from a script in the background: a shell's `cmd &` starts
+    # it with SIGINT ignored, and Python then installs no KeyboardInterrupt handler (SIGINT did
+    # nothing and the test's Ctrl-C waited until it killed flows.ui)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         server_cmd = ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(args.port)]
