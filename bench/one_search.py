@@ -18,7 +18,7 @@ from hoprl.data.corpus import pool
 from hoprl.data.sources import load
 from hoprl.data.synthetic import hops_for
 from hoprl.recipes.when_to_search import keyword_query
-from hoprl.schemas import SearchRequest
+from hoprl.schemas.retriever import SearchRequest
 from services.retriever.index import HybridIndex
 from services.retriever.settings import RetrieverSettings
 

@@ -53,6 +53,7 @@ from hoprl.metrics.stats import paired_bootstrap
 from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters, JobRequest, LrScheduler
 from services.local import LocalServer
 from services.policy.agent import lockstep_episodes
 from services.policy.engines import TransformersEngine
@@ -60,7 +61,6 @@ from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
 from services.trainer.hardware import bf16_mixed_precision
 from services.trainer.jobs import checkpoint_of, ensure_collection, run_job, submit
-from services.trainer.protocol import Hyperparameters, JobRequest, LrScheduler
 from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger("bench.train")

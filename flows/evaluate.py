@@ -31,12 +31,13 @@ from prefect import flow, get_run_logger, task
 from flows.report import publish_report
 from flows.runs import registry, run_dir
 from hoprl.answer_eval import evaluate_answers
-from hoprl.clients.judge import AnswerItem, JudgeClient
+from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.registry import Prediction
+from hoprl.schemas.judge import AnswerItem
 
 KS = (2, 5, 10)
 JUDGE_BATCH = 64

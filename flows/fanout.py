@@ -58,13 +58,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hoprl.agent.runner import run_episode
 from hoprl.agent.trajectory import Episode
-from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
+from hoprl.clients.judge import JudgeClient
 from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
 from hoprl.recipes import get_recipe
 from hoprl.registry import Registry, total_reward
 from hoprl.schemas import Document, Question
+from hoprl.schemas.judge import AnswerableItem, AnswerItem
 
 log = logging.getLogger(__name__)
 
@@ -266,8 +267,8 @@ def judge_item(
     """One judge call (``kind`` "answer" or "answerable"), its verdict cached under (run, item).
 
     Args:
-        payload: an :class:`~hoprl.clients.judge.AnswerItem` or
-            :class:`~hoprl.clients.judge.AnswerableItem` as JSON.
+        payload: an :class:`~hoprl.schemas.judge.AnswerItem` or
+            :class:`~hoprl.schemas.judge.AnswerableItem` as JSON.
 
     Returns the verdict's fields plus ``run_id``, ``item_id``, ``kind`` and ``unit_cached`` (the
     verdict was stored by an earlier delivery of this unit; no judge call was made).

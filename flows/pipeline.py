@@ -31,8 +31,8 @@ from flows.report import publish_report
 from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
+from hoprl.schemas.trainer import Preset, preset_recipe_config, recipe_objective
 from services.policy.model import resolve_model
-from services.trainer.protocol import Preset, preset_recipe_config, recipe_objective
 
 MODEL_CACHE = Path(
     ".hoprl/models/smollm2-135m-instruct"
@@ -72,7 +72,7 @@ def job_request(
     world's expert hops for SFT).
 
     ``preset`` goes to the trainer, which resolves the sizes it stands for (``cpu``:
-    :data:`services.trainer.protocol.CPU_PRESET`); ``hyperparameters`` set here win over it. The
+    :data:`hoprl.schemas.trainer.CPU_PRESET`); ``hyperparameters`` set here win over it. The
     recipe config a preset scales (EVO-RAG's ``t_max``) is written into the request, so the flow's
     curriculum and dev checks read the config the trainer trains with.
     """

@@ -32,7 +32,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from hoprl.clients.trainer import TERMINAL, TrainerClient
-from services.trainer.protocol import Job
+from hoprl.schemas.trainer import Job
 
 
 def duration(seconds: float) -> str:

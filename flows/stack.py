@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 
 from flows import fanout
-from services.trainer.protocol import CPU_PRESET
+from hoprl.schemas.trainer import CPU_PRESET
 
 log = logging.getLogger(__name__)
 

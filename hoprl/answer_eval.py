@@ -22,13 +22,14 @@ import httpx
 import numpy as np
 from fastapi import FastAPI
 
-from hoprl.clients.policy import Answer, AsyncPolicyClient, ServiceError
+from hoprl.clients.policy import AsyncPolicyClient, ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids, pool
 from hoprl.evaluation import corpus_collection, ensure_indexed, progress
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.metrics.retrieval import agent_retrieval
 from hoprl.schemas import Question
+from hoprl.schemas.policy import AnswerResponse
 
 #: outcomes that end an episode by the recipe's own final action
 ENDINGS = ("answer", "refuse", "stop")
@@ -43,14 +44,14 @@ def prepare_collection(retriever_url: str, questions: Sequence[Question], name: 
     return collection
 
 
-def retrieved_ids(reply: Answer | None) -> list[str]:
+def retrieved_ids(reply: AnswerResponse | None) -> list[str]:
     """The paragraph ids an answer's trace retrieved, in the order they came back (a chunk
     ``<doc id>#<n>`` counts as its paragraph), each once."""
     steps = (reply.steps or []) if reply is not None else []
     return list(dict.fromkeys(d.id.split("#")[0] for s in steps for docs in s.docs for d in docs))
 
 
-def _score(question: Question, reply: Answer | None, error: str | None, latency: float) -> dict[str, Any]:
+def _score(question: Question, reply: AnswerResponse | None, error: str | None, latency: float) -> dict[str, Any]:
     prediction = reply.answer if reply is not None else None
     return {
         "id": question.id,

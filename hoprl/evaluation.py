@@ -13,7 +13,8 @@ from hoprl.clients.http import ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids, pool
 from hoprl.metrics.retrieval import retrieval_report
-from hoprl.schemas import Document, Question, SearchMode
+from hoprl.schemas import Document, Question
+from hoprl.schemas.retriever import SearchMode
 
 INGEST_BATCH = 256
 SEARCH_BATCH = 64

@@ -49,7 +49,8 @@ from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.recipes.base import Action
-from hoprl.schemas import Question, SearchMode
+from hoprl.schemas import Question
+from hoprl.schemas.retriever import SearchMode
 
 log = logging.getLogger(__name__)
 

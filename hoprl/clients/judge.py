@@ -1,4 +1,6 @@
-"""The judge service's wire contract, its typed HTTP client, and :class:`RemoteJudge`.
+"""The judge service's typed HTTP client, and :class:`RemoteJudge`.
+
+Requests and replies are the service's own models (:mod:`hoprl.schemas.judge`).
 
 :class:`RemoteJudge` implements :class:`hoprl.judging.Judge` over HTTP, so code written against
 the protocol (EVO-RAG's refusal reward, an LLM-judge metric) switches from the embedded
@@ -21,73 +23,13 @@ import logging
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 
 from hoprl.clients.http import ServiceClient, ServiceError, client_options
 from hoprl.clients.http import check as _check
 from hoprl.judging import RulesJudge, Verdict
+from hoprl.schemas.judge import AnswerableItem, AnswerItem, JudgeVerdict, VerdictsResponse
 
 log = logging.getLogger("hoprl.clients.judge")
-
-MAX_TEXT = 20_000  # characters in a question, prediction or reference
-MAX_PASSAGE = 100_000  # characters in one evidence passage
-MAX_LIST = 256  # references or passages in one item
-
-
-class AnswerItem(BaseModel):
-    """One prediction to grade against the gold answer and its aliases."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: str = Field(default="", max_length=MAX_TEXT, description="context for LLM judges")
-    prediction: str = Field(max_length=MAX_TEXT, description="may be empty (an empty answer is wrong)")
-    references: list[str] = Field(
-        min_length=1,
-        max_length=MAX_LIST,
-        description="gold answer first, then aliases; at least one (an answer needs a reference)",
-    )
-
-
-class AnswerableItem(BaseModel):
-    """One question and the evidence it should be answerable from."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: str = Field(max_length=MAX_TEXT)
-    evidence: list[str] = Field(max_length=MAX_LIST, description="passages; may be empty")
-    references: list[str] | None = Field(
-        default=None,
-        max_length=MAX_LIST,
-        description="gold answers when known; [] = the question has no answer; null = unknown",
-    )
-
-
-class AnswerRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    items: list[AnswerItem] = Field(min_length=1, description="a batch; the service caps its size")
-
-
-class AnswerableRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    items: list[AnswerableItem] = Field(min_length=1, description="a batch; the service caps its size")
-
-
-class JudgeVerdict(Verdict):
-    """A :class:`~hoprl.judging.Verdict` plus how the service produced it."""
-
-    cached: bool = Field(default=False, description="served from the cache, no backend call")
-    fallback: bool = Field(
-        default=False, description="the LLM (or, client-side, the judge service) failed and the rules decided"
-    )
-    fallback_reason: str | None = Field(default=None, description="why the LLM or service verdict is missing")
-
-
-class VerdictsResponse(BaseModel):
-    """Verdicts in the order of the request's items."""
-
-    verdicts: list[JudgeVerdict]
 
 
 def _body(items: list[AnswerItem] | list[AnswerableItem]) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """Typed HTTP clients for the policy service's own routes (sync and async).
 
+Requests and replies are the service's own models (:mod:`hoprl.schemas.policy`).
+
 The OpenAI-compatible routes need no client of ours: use the ``openai`` package, or
 :class:`hoprl.clients.llm.LLMClient` for the agent loop.
 
@@ -13,58 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
 
-from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
 from hoprl.clients.http import ServiceClient, ServiceError, client_options
 from hoprl.clients.http import check as _check
 from hoprl.schemas import Question
-
-
-class Citation(BaseModel):
-    doc_id: str
-    title: str
-
-
-class AnswerTimings(BaseModel):
-    retrieval_s: float
-    generation_s: float
-    total_s: float
-
-
-class Answer(BaseModel):
-    """``POST /v1/answer``'s reply."""
-
-    answer: str | None
-    refused: bool
-    citations: list[Citation]
-    steps: list[Step] | None = None
-    timings: AnswerTimings
-    recipe: str
-    outcome: Outcome
-    model: str
-    constrained: bool = False  # decoded under the recipe's action grammar
-    grammar: str | None = None
-
-
-class Rollout(BaseModel):
-    episode: Episode
-    trajectory: TokenTrajectory
-
-
-class Rollouts(BaseModel):
-    """``POST /v1/rollouts``'s reply: question-major, a question's samples contiguous."""
-
-    recipe: str
-    model: str
-    rollouts: list[Rollout]
-    took_s: float
-
-
-class CheckpointSwitch(BaseModel):
-    model: str = Field(description="the id /v1/models now reports")
-    root: str
-    took_s: float
+from hoprl.schemas.policy import AnswerResponse, CheckpointResponse, RolloutResponse
 
 
 def _answer_body(question: str, **fields: Any) -> dict[str, Any]:
@@ -104,11 +59,11 @@ class PolicyClient(ServiceClient):
         collection: str | None = None,
         max_steps: int | None = None,
         return_trace: bool = False,
-    ) -> Answer:
+    ) -> AnswerResponse:
         body = _answer_body(
             question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
         )
-        return Answer.model_validate(_check(self.http.post("/v1/answer", json=body)))
+        return AnswerResponse.model_validate(_check(self.http.post("/v1/answer", json=body)))
 
     def rollouts(
         self,
@@ -117,16 +72,16 @@ class PolicyClient(ServiceClient):
         collection: str,
         n_samples: int = 1,
         sampling: dict[str, Any] | None = None,
-    ) -> Rollouts:
+    ) -> RolloutResponse:
         """``sampling``: temperature, top_p, max_tokens (per step), max_steps, token_budget, seed."""
         body = _rollouts_body(questions, recipe, collection, n_samples, sampling)
-        return Rollouts.model_validate(_check(self.http.post("/v1/rollouts", json=body)))
+        return RolloutResponse.model_validate(_check(self.http.post("/v1/rollouts", json=body)))
 
-    def switch_checkpoint(self, path: str) -> CheckpointSwitch:
+    def switch_checkpoint(self, path: str) -> CheckpointResponse:
         """Serve the checkpoint folder ``path`` (on the service's machine) from now on."""
         headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
         response = self.http.post("/v1/admin/checkpoint", json={"path": path}, headers=headers)
-        return CheckpointSwitch.model_validate(_check(response))
+        return CheckpointResponse.model_validate(_check(response))
 
     def model(self) -> str:
         """The id of the served model (``GET /v1/models``)."""
@@ -149,11 +104,11 @@ class AsyncPolicyClient:
         collection: str | None = None,
         max_steps: int | None = None,
         return_trace: bool = False,
-    ) -> Answer:
+    ) -> AnswerResponse:
         body = _answer_body(
             question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
         )
-        return Answer.model_validate(_check(await self.http.post("/v1/answer", json=body)))
+        return AnswerResponse.model_validate(_check(await self.http.post("/v1/answer", json=body)))
 
     async def rollouts(
         self,
@@ -162,17 +117,17 @@ class AsyncPolicyClient:
         collection: str,
         n_samples: int = 1,
         sampling: dict[str, Any] | None = None,
-    ) -> Rollouts:
+    ) -> RolloutResponse:
         body = _rollouts_body(questions, recipe, collection, n_samples, sampling)
-        return Rollouts.model_validate(_check(await self.http.post("/v1/rollouts", json=body)))
+        return RolloutResponse.model_validate(_check(await self.http.post("/v1/rollouts", json=body)))
 
-    async def switch_checkpoint(self, path: str) -> CheckpointSwitch:
+    async def switch_checkpoint(self, path: str) -> CheckpointResponse:
         headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
         response = await self.http.post("/v1/admin/checkpoint", json={"path": path}, headers=headers)
-        return CheckpointSwitch.model_validate(_check(response))
+        return CheckpointResponse.model_validate(_check(response))
 
     async def aclose(self) -> None:
         await self.http.aclose()
 
 
-__all__ = ["Answer", "AsyncPolicyClient", "CheckpointSwitch", "PolicyClient", "Rollouts", "ServiceError"]
+__all__ = ["AsyncPolicyClient", "PolicyClient", "ServiceError"]

@@ -8,7 +8,8 @@ import httpx
 
 from hoprl.clients.http import ServiceClient, client_options
 from hoprl.clients.http import check as _check
-from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchMode, SearchResponse
+from hoprl.schemas import Document
+from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchMode, SearchResponse
 
 
 def _search_body(

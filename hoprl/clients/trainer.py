@@ -5,7 +5,7 @@
 >>> client.wait(job.id).status  # doctest: +SKIP
 'succeeded'
 
-The request and response models are the service's own (:mod:`services.trainer.protocol`, plain
+The request and response models are the service's own (:mod:`hoprl.schemas.trainer`, plain
 pydantic with no server dependency), so client and server cannot drift apart.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from hoprl.clients.http import ServiceClient
 from hoprl.clients.http import check as _check
-from services.trainer.protocol import Job, JobCreated, JobRequest, JobStatus
+from hoprl.schemas.trainer import Job, JobCreated, JobRequest, JobStatus
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 

@@ -15,8 +15,8 @@ import re
 import openai
 from openai import AsyncOpenAI
 
-from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeVerdict
 from hoprl.judging import RulesJudge, Verdict
+from hoprl.schemas.judge import AnswerableItem, AnswerItem, JudgeVerdict
 from services.judge.prompts import Prompt, load_prompt, render_answer, render_answerable
 from services.judge.settings import JudgeSettings
 

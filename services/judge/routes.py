@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from hoprl.clients.judge import (
+from hoprl.schemas.judge import (
     AnswerableItem,
     AnswerableRequest,
     AnswerItem,

@@ -35,16 +35,9 @@ from hoprl.clients.llm import Completion, restore_stop
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.recipes import RECIPES, get_recipe
 from hoprl.schemas import Question
+from hoprl.schemas.policy import AnswerRequest, AnswerResponse, Citation, Rollout, RolloutRequest, Timings
 from services.errors import ApiError
 from services.policy.engines import Engine, Generation, SamplingParams
-from services.policy.protocol import (
-    AnswerRequest,
-    AnswerResponse,
-    Citation,
-    Rollout,
-    RolloutRequest,
-    Timings,
-)
 from services.policy.settings import PolicySettings
 
 T = TypeVar("T")

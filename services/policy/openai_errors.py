@@ -26,8 +26,8 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from hoprl.schemas.policy_openai import OpenAIError, OpenAIErrorResponse
 from services.errors import ApiError
-from services.policy.protocol import OpenAIError, OpenAIErrorResponse
 
 log = logging.getLogger("hoprl.policy")
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}

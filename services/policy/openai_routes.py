@@ -4,7 +4,7 @@ The official ``openai`` client is the reference:
 
 - errors carry OpenAI's envelope ``{"error": {"message", "type", "param", "code"}}``
   (:class:`OpenAIRoute`), and a request OpenAI would call invalid is a 400 (never a 422);
-- a parameter this server does not implement is a 400 naming it (:mod:`services.policy.protocol`);
+- a parameter this server does not implement is a 400 naming it (:mod:`hoprl.schemas.policy_openai`);
 - ``stream: true`` answers server-sent events, ``data: {chunk}`` lines and a final ``data: [DONE]``,
   sent as the text is decoded: the transformers engine hands each choice's new text over from its
   decoding loop (``SamplingParams.on_text``), holding back only what may begin a stop string. The
@@ -26,11 +26,7 @@ from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 from starlette.concurrency import run_in_threadpool
 
-from services.errors import ApiError
-from services.policy.agent import Policy
-from services.policy.engines import Generation, Prompt, SamplingParams
-from services.policy.openai_errors import OPENAI_ERRORS, OpenAIRoute
-from services.policy.protocol import (
+from hoprl.schemas.policy_openai import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
@@ -46,10 +42,13 @@ from services.policy.protocol import (
     TopLogprob,
     Usage,
     _OpenAIRequest,
-    sse,
 )
+from services.errors import ApiError
+from services.policy.agent import Policy
+from services.policy.engines import Generation, Prompt, SamplingParams
+from services.policy.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from services.policy.settings import PolicySettings
-from services.policy.streaming import LiveStream
+from services.policy.streaming import LiveStream, sse
 
 SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {}}}}
 # /v1/models can only fail as any route can; the generation routes add their own errors.

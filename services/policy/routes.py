@@ -16,10 +16,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from services.errors import ERROR_RESPONSES, ApiError, error_response
-from services.policy.model import is_checkpoint
-from services.policy.openai_routes import openai_router, policy_of
-from services.policy.protocol import (
+from hoprl.schemas.policy import (
     AnswerRequest,
     AnswerResponse,
     CheckpointRequest,
@@ -27,6 +24,9 @@ from services.policy.protocol import (
     RolloutRequest,
     RolloutResponse,
 )
+from services.errors import ERROR_RESPONSES, ApiError, error_response
+from services.policy.model import is_checkpoint
+from services.policy.openai_routes import openai_router, policy_of
 
 POLICY_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,

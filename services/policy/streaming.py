@@ -15,15 +15,29 @@ on an asyncio queue and turns them into server-sent events as they arrive.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from services.policy.engines import Generation, find_stop
 from services.policy.openai_errors import error_event
-from services.policy.protocol import sse
 
 log = logging.getLogger("hoprl.policy")
+
+
+def sse(payload: BaseModel | dict[str, Any] | str) -> str:
+    """One server-sent event line: ``data: {...}`` (or ``data: [DONE]``)."""
+    if isinstance(payload, str):
+        return f"data: {payload}\n\n"
+    body = (
+        payload.model_dump_json()
+        if isinstance(payload, BaseModel)
+        else json.dumps(payload, separators=(",", ":"))
+    )
+    return f"data: {body}\n\n"
 
 
 def held_back(text: str, stop: Sequence[str]) -> int:

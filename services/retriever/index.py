@@ -8,7 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from hoprl.embedding import TextEncoder, load_embedder
-from hoprl.schemas import CollectionInfo, Document, Hit, IngestResponse, SearchRequest, SearchResponse
+from hoprl.schemas import Document
+from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchRequest, SearchResponse
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sparse import Bm25, mean_length
 from services.retriever.store import (

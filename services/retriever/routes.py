@@ -6,9 +6,16 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
 
-from hoprl.schemas import CollectionInfo, IngestRequest, IngestResponse, SearchRequest, SearchResponse
+from hoprl.schemas.retriever import (
+    CollectionInfo,
+    IngestRequest,
+    IngestResponse,
+    RetrieveRequest,
+    RetrieveResponse,
+    SearchRequest,
+    SearchResponse,
+)
 from services.errors import ERROR_RESPONSES, ApiError
 from services.retriever.index import CollectionNotFound, HybridIndex
 
@@ -129,21 +136,6 @@ def search(body: SearchRequest, request: Request) -> SearchResponse:
         return index.search(body)
     except CollectionNotFound:
         raise _not_found(body.collection) from None
-
-
-class RetrieveRequest(BaseModel):
-    """Search-R1's retrieval-server request shape."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    queries: list[str] = Field(min_length=1)
-    topk: int = Field(default=3, ge=1, le=100)
-    return_scores: bool = False
-    collection: str | None = Field(default=None, description="default: RETRIEVER_DEFAULT_COLLECTION")
-
-
-class RetrieveResponse(BaseModel):
-    result: list[list[dict[str, Any]]]
 
 
 @router.post("/retrieve", operation_id="retrieve_search_r1")

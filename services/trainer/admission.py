@@ -24,9 +24,9 @@ from pathlib import Path
 
 from hoprl.data.hub import HUB
 from hoprl.registry.store import Registry
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.errors import ApiError
 from services.policy.model import is_checkpoint
-from services.trainer.protocol import Hyperparameters, JobRequest
 from services.trainer.settings import TrainerSettings
 
 #: a Hugging Face model id: ``org/name``

@@ -51,8 +51,8 @@ from trl.trainer.utils import nanstd
 
 from hoprl.agent.trajectory import Episode
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters, reward_scaling
 from services.trainer.hardware import accelerator_args
-from services.trainer.protocol import Hyperparameters, reward_scaling
 from services.trainer.rollout import AgentRollout
 
 log = logging.getLogger("hoprl.trainer")

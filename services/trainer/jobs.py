@@ -1,7 +1,7 @@
 """Run one job from its registry record: data, index, model, trainer, resume, status.
 
 ``run_job(run_id)`` is what ``python -m services.trainer.worker RUN_ID`` executes. Everything it
-needs is in the run's ``config`` (the :class:`~services.trainer.protocol.JobRequest` as sent,
+needs is in the run's ``config`` (the :class:`~hoprl.schemas.trainer.JobRequest` as sent,
 plus the resolved hyperparameters), so a job re-queued after a service restart, or killed and
 started again, runs the same way:
 
@@ -42,9 +42,9 @@ from hoprl.recipes import get_recipe, reward_weights
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.policy.model import resolve_model
 from services.trainer.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
-from services.trainer.protocol import Hyperparameters, JobRequest
 from services.trainer.rollout import RolloutOptions
 from services.trainer.settings import TrainerSettings
 

@@ -51,6 +51,7 @@ from trl.trainer.utils import disable_dropout_in_model
 from hoprl.agent.trajectory import Episode
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.trainer.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
 from services.trainer.dpo import DPOJobConfig, build_pairs, dpo_trainer
 from services.trainer.ppo import (
@@ -63,7 +64,6 @@ from services.trainer.ppo import (
     save_critic,
 )
 from services.trainer.preference import preference_learner
-from services.trainer.protocol import Hyperparameters, JobRequest
 from services.trainer.rollout import (
     AgentRollout,
     RolloutOptions,

@@ -69,9 +69,9 @@ from hoprl.recipes.r2ag import (
 )
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters, JobRequest, reward_scaling
 from services.policy.agent import EngineChat
 from services.trainer.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
-from services.trainer.protocol import Hyperparameters, JobRequest, reward_scaling
 from services.trainer.rollout import RolloutOptions, TrainingEngine, generation_mode
 
 log = logging.getLogger("hoprl.trainer")

@@ -11,10 +11,10 @@ from fastapi.exceptions import RequestValidationError
 from hoprl.recipes import RECIPES
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
+from hoprl.schemas.trainer import Checkpoint, Job, JobCreated, JobRequest, JobStatus
 from services.errors import ERROR_RESPONSES, ApiError, find_value
 from services.trainer.admission import admit
 from services.trainer.jobs import submit
-from services.trainer.protocol import Checkpoint, Job, JobCreated, JobRequest, JobStatus
 from services.trainer.queue import JobQueue
 
 router = APIRouter(responses=ERROR_RESPONSES)

@@ -32,8 +32,8 @@ from hoprl.agent.trajectory import Episode
 from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters
 from services.trainer.hardware import accelerator_args
-from services.trainer.protocol import Hyperparameters
 
 log = logging.getLogger("hoprl.trainer")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flows.progress import bar, duration, progress_line
-from services.trainer.protocol import Job
+from hoprl.schemas.trainer import Job
 
 
 def job(step: int, status: str = "running", **metrics: float) -> Job:

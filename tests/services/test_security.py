@@ -26,12 +26,13 @@ from prefect.testing.utilities import prefect_test_harness
 from starlette.routing import BaseRoute
 
 from hoprl.clients.http import ServiceError
-from hoprl.clients.judge import AnswerItem, JudgeClient
+from hoprl.clients.judge import JudgeClient
 from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
 from hoprl.schemas import Document
+from hoprl.schemas.judge import AnswerItem
 from services.judge.app import create_app as create_judge
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer

@@ -471,7 +471,7 @@ def test_only_the_total_is_optimised():
 
 def test_the_trainer_caps_evo_rag_episodes_at_t_max():
     """A job's max_turns follows the recipe's T_max (one source), unless the request sets it."""
-    from services.trainer.protocol import Hyperparameters
+    from hoprl.schemas.trainer import Hyperparameters
 
     assert Hyperparameters().resolved("evo-rag").max_turns == EvoRagConfig().t_max == 20
     assert Hyperparameters(recipe_config={"t_max": 8}).resolved("evo-rag").max_turns == 8
@@ -492,7 +492,7 @@ def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
     from pathlib import Path
 
     from hoprl.agent.tokens import to_token_trajectory
-    from services.trainer.protocol import Hyperparameters
+    from hoprl.schemas.trainer import Hyperparameters
 
     data = Path(__file__).resolve().parents[4] / "shared" / "data" / "hotpotqa_dev.jsonl"
     if not data.exists():
@@ -543,9 +543,9 @@ def test_a_training_episode_runs_to_t_max_and_reaches_the_late_signals(retriever
     from hoprl.clients.llm import LLMClient
     from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
     from hoprl.schemas import Document
+    from hoprl.schemas.trainer import JobRequest
     from services.local import LocalServer
     from services.trainer.jobs import rollout_options
-    from services.trainer.protocol import JobRequest
     from services.trainer.settings import TrainerSettings
 
     path = Path(__file__).resolve().parents[2] / "hoprl" / "agent" / "scripted_llm.py"

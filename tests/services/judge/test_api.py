@@ -5,8 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
+from hoprl.clients.judge import JudgeClient
 from hoprl.judging import RULES_VERSION, RulesJudge
+from hoprl.schemas.judge import AnswerableItem, AnswerItem
 
 from .conftest import judge_service
 

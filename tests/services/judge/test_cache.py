@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
+from hoprl.clients.judge import JudgeClient
+from hoprl.schemas.judge import AnswerableItem, AnswerItem
 from services.judge.cache import MemoryCache, cache_key
 
 from .conftest import REDIS_URL, ScriptedLLM, judge_service, llm_judge

@@ -9,8 +9,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from hoprl.clients.judge import AnswerableItem, AnswerItem, JudgeClient
+from hoprl.clients.judge import JudgeClient
 from hoprl.judging import RULES_VERSION
+from hoprl.schemas.judge import AnswerableItem, AnswerItem
 from services.judge.backends import parse_verdict
 from services.judge.prompts import load_prompt
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
-from hoprl.clients.judge import JudgeClient, JudgeVerdict, RemoteJudge
+from hoprl.clients.judge import JudgeClient, RemoteJudge
 from hoprl.judging import RULES_VERSION, Judge, RulesJudge, Verdict
 from hoprl.recipes.evo_rag import score_episode
+from hoprl.schemas.judge import JudgeVerdict
 from services.judge.prompts import ANSWER_PROMPTS, ANSWERABLE_PROMPTS, load_prompt
 
 from .conftest import ScriptedLLM, judge_service, llm_judge

@@ -14,6 +14,7 @@ from hoprl.recipes.base import Action
 from hoprl.recipes.baselines import SearchR1, generated_texts
 from hoprl.recipes.evo_rag import EvoRag
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters
 from services.trainer.grpo import (
     HoprlGRPOTrainer,
     build_grpo,
@@ -23,7 +24,6 @@ from services.trainer.grpo import (
     step_advantages,
     token_advantages,
 )
-from services.trainer.protocol import Hyperparameters
 from services.trainer.rollout import AgentRollout, RolloutOptions
 
 

@@ -193,7 +193,7 @@ def test_train_ppo_changes_weights_and_saves(tiny_model: str, tmp_path: Path, cr
 def test_the_papers_ppo_defaults() -> None:
     """EVO-RAG's PPO: KL 0.001, policy lr 1e-6, a separate critic at lr 1e-5 (the PPOConfig
     defaults, and what an evo-rag PPO job resolves to)."""
-    from services.trainer.protocol import Hyperparameters
+    from hoprl.schemas.trainer import Hyperparameters
 
     config = PPOConfig()
     assert (config.kl_coef, config.learning_rate, config.critic, config.critic_learning_rate) == (
@@ -241,8 +241,8 @@ def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: 
     learning rates and a KL coefficient of 0.001 in the PPO config."""
     from hoprl.registry.store import Registry
     from hoprl.schemas import Question
+    from hoprl.schemas.trainer import JobRequest
     from services.trainer.offpolicy import OffPolicyTrainer
-    from services.trainer.protocol import JobRequest
     from services.trainer.rollout import RolloutOptions
 
     request = JobRequest(recipe="evo-rag", objective="ppo", model=tiny_model)

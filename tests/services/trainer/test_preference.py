@@ -266,8 +266,8 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
     from hoprl.data.synthetic import write_jsonl
     from hoprl.recipes import RECIPES
     from hoprl.registry.store import Registry
+    from hoprl.schemas.trainer import Hyperparameters, JobRequest
     from services.trainer.jobs import run_job, submit
-    from services.trainer.protocol import Hyperparameters, JobRequest
     from services.trainer.settings import TrainerSettings
 
     monkeypatch.setitem(RECIPES, "evo-rag", ParityEvoRag)

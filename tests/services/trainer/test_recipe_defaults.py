@@ -29,9 +29,9 @@ from hoprl.agent.grammar import grammar
 from hoprl.pipeline_cli import add_arguments, pipeline_options
 from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
+from hoprl.schemas.trainer import Hyperparameters, JobRequest, recipe_objective
 from services.local import LocalServer
 from services.trainer.app import create_app
-from services.trainer.protocol import Hyperparameters, JobRequest, recipe_objective
 from services.trainer.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,9 +22,9 @@ from hoprl.data.synthetic import write_jsonl
 from hoprl.registry.models import CheckpointRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.trainer.callbacks import STATE_FILE, current_attempt, start_attempt
 from services.trainer.jobs import submit
-from services.trainer.protocol import Hyperparameters, JobRequest
 from tests.postgres import admin_url_or_skip, fresh_database
 
 ROOT = Path(__file__).resolve().parents[3]

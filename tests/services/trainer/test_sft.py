@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import keyword_query
 from hoprl.schemas import Question
-from services.trainer.protocol import Hyperparameters
+from hoprl.schemas.trainer import Hyperparameters
 from services.trainer.sft import build_sft, expert_episodes, sft_config, sft_dataset
 
 

@@ -1,11 +1,7 @@
-"""Wire contracts shared by the library, the services and their clients.
+"""The retriever service's wire contracts: ingest, search, collections, Search-R1's ``/retrieve``.
 
-The common question schema is the one of ``../shared/data`` (one JSON object per line)::
-
-    {"id", "dataset", "split", "question", "answers": [gold first, then aliases], "type",
-     "paragraphs": [{"title", "text", "is_gold"}], "gold_titles": [...]}
-
-Every loader (local JSONL, Hugging Face hub, the synthetic world) produces :class:`Question`.
+A search request's ``filter`` is validated here, so a bad condition is a 422 that names it before
+the index sees it (Qdrant's JSON paths and int64 integers set the bounds).
 """
 
 from __future__ import annotations
@@ -15,6 +11,8 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, field_validator
+
+from hoprl.schemas import Document
 
 SearchMode = Literal["dense", "sparse", "hybrid"]
 
@@ -32,43 +30,6 @@ FilterValue = (
 )
 
 
-class Paragraph(BaseModel):
-    title: str
-    text: str
-    is_gold: bool = False
-
-
-class Question(BaseModel):
-    """One question in the common schema; ``answers[0]`` is the gold answer, the rest aliases."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: str
-    dataset: str
-    split: str
-    question: str
-    answers: list[str] = Field(default_factory=list)
-    type: str | None = None
-    paragraphs: list[Paragraph] = Field(default_factory=list)
-    gold_titles: list[str] = Field(default_factory=list)
-
-    @property
-    def answerable(self) -> bool:
-        """Unanswerable questions (the synthetic world's) carry no answers."""
-        return bool(self.answers)
-
-
-class Document(BaseModel):
-    """A retrievable passage. ``id`` is stable: see :func:`hoprl.data.corpus.doc_id`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(min_length=1, max_length=256)
-    title: str = Field(default="", max_length=2_000)
-    text: str = Field(min_length=1, max_length=100_000)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-
 class Hit(BaseModel):
     id: str
     title: str
@@ -76,14 +37,6 @@ class Hit(BaseModel):
     score: float
     rank: int
     metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-class ErrorBody(BaseModel):
-    """Every 4xx/5xx answer of every service has this JSON body."""
-
-    error: str = Field(description="machine-readable error code, e.g. 'collection_not_found'")
-    message: str = Field(description="what went wrong and how to fix it")
-    detail: Any = None
 
 
 class IngestRequest(BaseModel):
@@ -172,3 +125,18 @@ class CollectionInfo(BaseModel):
     points: int
     embedder: str
     dim: int
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1's retrieval-server request shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[str] = Field(min_length=1)
+    topk: int = Field(default=3, ge=1, le=100)
+    return_scores: bool = False
+    collection: str | None = Field(default=None, description="default: RETRIEVER_DEFAULT_COLLECTION")
+
+
+class RetrieveResponse(BaseModel):
+    result: list[list[dict[str, Any]]]

@@ -1,4 +1,5 @@
-"""Wire models of the policy service: the OpenAI-compatible subset, ``/v1/answer`` and ``/v1/rollouts``.
+"""Wire models of the policy service's OpenAI-compatible routes (``/v1/chat/completions``,
+``/v1/completions``, ``/v1/models``); its own routes are :mod:`hoprl.schemas.policy`.
 
 The OpenAI request models follow the official API, so its client and the tools built on it work
 unchanged: ``null`` means a parameter's default; a parameter OpenAI lists but this server does not
@@ -6,7 +7,7 @@ implement (``tools``, ``response_format``, ``logit_bias`` ...) is accepted only 
 asks for nothing (``null``, ``[]``, ``0``, ``"none"`` ...) and is otherwise a 400 naming it, never
 silently ignored; a name OpenAI does not know is a 400 too, as OpenAI answers (see
 :meth:`_OpenAIRequest.problem`). Those routes answer errors in OpenAI's envelope
-(:class:`OpenAIErrorResponse`). The project's own requests forbid unknown fields.
+(:class:`OpenAIErrorResponse`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
-from hoprl.schemas import Question, SearchMode
+from hoprl.schemas.policy import SEED
 
-SEED = Field(None, ge=0, le=2**63 - 1, description="same seed, same request -> same output")
 Problem = tuple[str, str, str]
 """What is wrong with a request: ``(code, param, message)``, answered as a 400."""
 
@@ -329,107 +328,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-# -- the project's own routes -----------------------------------------------------------------------
-
-
-class AnswerRequest(BaseModel):
-    """A question for the agent; unset fields take the service's defaults (POLICY_DEFAULT_*)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: str = Field(description="the question, 1 to POLICY_MAX_QUESTION_CHARS characters")
-    recipe: str | None = Field(None, description="e.g. naive-rag, search-r1; default POLICY_DEFAULT_RECIPE")
-    collection: str | None = Field(
-        None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
-    )
-    max_steps: int | None = Field(None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS)")
-    return_trace: bool = Field(False, description="include every step: text, queries, documents")
-    constrained: bool | None = Field(
-        None, description="decode under the recipe's action grammar; default POLICY_CONSTRAINED_DECODING"
-    )
-
-
-class Citation(BaseModel):
-    doc_id: str
-    title: str
-
-
-class Timings(BaseModel):
-    retrieval_s: float
-    generation_s: float
-    total_s: float
-
-
-class AnswerResponse(BaseModel):
-    answer: str | None = Field(description="None when the agent refused or ended without an answer")
-    refused: bool
-    citations: list[Citation] = Field(description="every retrieved document, de-duplicated, in order")
-    steps: list[Step] | None = Field(None, description="the trace, when return_trace was set")
-    timings: Timings
-    recipe: str
-    outcome: Outcome
-    model: str
-    constrained: bool = Field(False, description="every step was decoded under the recipe's action grammar")
-    grammar: str | None = Field(None, description="that grammar's name and version, e.g. search-r1@1")
-
-
-class RolloutSampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(128, ge=1, description="new tokens per step (<= POLICY_MAX_TOKENS_PER_STEP)")
-    max_steps: int = Field(4, ge=1, description="<= POLICY_MAX_STEPS")
-    token_budget: int | None = Field(None, ge=1, description="default and cap POLICY_TOKEN_BUDGET")
-    seed: int | None = SEED
-    search_mode: SearchMode = "hybrid"
-
-
-class RolloutRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    questions: list[Question] = Field(min_length=1, description="common-schema questions")
-    recipe: str
-    n_samples: int = Field(1, ge=1, description="episodes per question (a GRPO group)")
-    collection: str
-    sampling: RolloutSampling = Field(default_factory=RolloutSampling)
-
-
-class Rollout(BaseModel):
-    episode: Episode
-    trajectory: TokenTrajectory
-
-
-class RolloutResponse(BaseModel):
-    recipe: str
-    model: str
-    rollouts: list[Rollout] = Field(description="question-major: a question's samples are contiguous")
-    took_s: float
-
-
-class CheckpointRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(min_length=1, description="a checkpoint folder on the service's machine")
-
-
-class CheckpointResponse(BaseModel):
-    model: str
-    root: str
-    took_s: float
-
-
-def sse(payload: BaseModel | dict[str, Any] | str) -> str:
-    """One server-sent event line: ``data: {...}`` (or ``data: [DONE]``)."""
-    if isinstance(payload, str):
-        return f"data: {payload}\n\n"
-    body = payload.model_dump_json() if isinstance(payload, BaseModel) else _json(payload)
-    return f"data: {body}\n\n"
-
-
-def _json(payload: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(payload, separators=(",", ":"))

@@ -1,0 +1,67 @@
+"""Wire contracts: every model a service and its client exchange, in one place.
+
+One module per service holds its requests and responses (:mod:`hoprl.schemas.retriever`,
+:mod:`~hoprl.schemas.policy` with :mod:`~hoprl.schemas.policy_openai`, :mod:`~hoprl.schemas.judge`,
+:mod:`~hoprl.schemas.trainer`); the service validates with them and defines its OpenAPI document
+from them, and its client (:mod:`hoprl.clients`) parses with the same classes, so the two cannot
+drift apart. They are plain pydantic, with no server dependency.
+
+This module holds what every layer shares: the common question schema, documents and the error
+body. The question schema is the one of ``../shared/data`` (one JSON object per line)::
+
+    {"id", "dataset", "split", "question", "answers": [gold first, then aliases], "type",
+     "paragraphs": [{"title", "text", "is_gold"}], "gold_titles": [...]}
+
+Every loader (local JSONL, Hugging Face hub, the synthetic world) produces :class:`Question`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Paragraph(BaseModel):
+    title: str
+    text: str
+    is_gold: bool = False
+
+
+class Question(BaseModel):
+    """One question in the common schema; ``answers[0]`` is the gold answer, the rest aliases."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    dataset: str
+    split: str
+    question: str
+    answers: list[str] = Field(default_factory=list)
+    type: str | None = None
+    paragraphs: list[Paragraph] = Field(default_factory=list)
+    gold_titles: list[str] = Field(default_factory=list)
+
+    @property
+    def answerable(self) -> bool:
+        """Unanswerable questions (the synthetic world's) carry no answers."""
+        return bool(self.answers)
+
+
+class Document(BaseModel):
+    """A retrievable passage. ``id`` is stable: see :func:`hoprl.data.corpus.doc_id`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=256)
+    title: str = Field(default="", max_length=2_000)
+    text: str = Field(min_length=1, max_length=100_000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer of every service has this JSON body."""
+
+    error: str = Field(description="machine-readable error code, e.g. 'collection_not_found'")
+    message: str = Field(description="what went wrong and how to fix it")
+    detail: Any = None

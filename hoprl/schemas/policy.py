@@ -1,0 +1,103 @@
+"""Wire models of the policy service's own routes: ``/v1/answer``, ``/v1/rollouts`` and
+``/v1/admin/checkpoint``. The OpenAI-compatible routes' models are :mod:`hoprl.schemas.policy_openai`.
+
+The requests forbid unknown fields. The service validates requests with these models and documents
+them in its OpenAPI; :class:`hoprl.clients.policy.PolicyClient` parses the replies with the same classes.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
+from hoprl.schemas import Question
+from hoprl.schemas.retriever import SearchMode
+
+SEED = Field(None, ge=0, le=2**63 - 1, description="same seed, same request -> same output")
+
+
+class AnswerRequest(BaseModel):
+    """A question for the agent; unset fields take the service's defaults (POLICY_DEFAULT_*)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(description="the question, 1 to POLICY_MAX_QUESTION_CHARS characters")
+    recipe: str | None = Field(None, description="e.g. naive-rag, search-r1; default POLICY_DEFAULT_RECIPE")
+    collection: str | None = Field(
+        None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
+    )
+    max_steps: int | None = Field(None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS)")
+    return_trace: bool = Field(False, description="include every step: text, queries, documents")
+    constrained: bool | None = Field(
+        None, description="decode under the recipe's action grammar; default POLICY_CONSTRAINED_DECODING"
+    )
+
+
+class Citation(BaseModel):
+    doc_id: str
+    title: str
+
+
+class Timings(BaseModel):
+    retrieval_s: float
+    generation_s: float
+    total_s: float
+
+
+class AnswerResponse(BaseModel):
+    answer: str | None = Field(description="None when the agent refused or ended without an answer")
+    refused: bool
+    citations: list[Citation] = Field(description="every retrieved document, de-duplicated, in order")
+    steps: list[Step] | None = Field(None, description="the trace, when return_trace was set")
+    timings: Timings
+    recipe: str
+    outcome: Outcome
+    model: str
+    constrained: bool = Field(False, description="every step was decoded under the recipe's action grammar")
+    grammar: str | None = Field(None, description="that grammar's name and version, e.g. search-r1@1")
+
+
+class RolloutSampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(128, ge=1, description="new tokens per step (<= POLICY_MAX_TOKENS_PER_STEP)")
+    max_steps: int = Field(4, ge=1, description="<= POLICY_MAX_STEPS")
+    token_budget: int | None = Field(None, ge=1, description="default and cap POLICY_TOKEN_BUDGET")
+    seed: int | None = SEED
+    search_mode: SearchMode = "hybrid"
+
+
+class RolloutRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    questions: list[Question] = Field(min_length=1, description="common-schema questions")
+    recipe: str
+    n_samples: int = Field(1, ge=1, description="episodes per question (a GRPO group)")
+    collection: str
+    sampling: RolloutSampling = Field(default_factory=RolloutSampling)
+
+
+class Rollout(BaseModel):
+    episode: Episode
+    trajectory: TokenTrajectory
+
+
+class RolloutResponse(BaseModel):
+    recipe: str
+    model: str
+    rollouts: list[Rollout] = Field(description="question-major: a question's samples are contiguous")
+    took_s: float
+
+
+class CheckpointRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="a checkpoint folder on the service's machine")
+
+
+class CheckpointResponse(BaseModel):
+    model: str
+    root: str
+    took_s: float
