@@ -77,7 +77,7 @@ fuzz: venv services
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy hoprl services
+	$(BIN)/mypy hoprl services cli
 
 bench: venv
 	$(BIN)/python bench/retrieval.py --data ../shared/data/hotpotqa_dev.jsonl

@@ -15,12 +15,10 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import numpy as np
-from fastapi import FastAPI
 
 from hoprl.clients.policy import AsyncPolicyClient, ServiceError
 from hoprl.clients.retriever import RetrieverClient
@@ -51,7 +49,9 @@ def retrieved_ids(reply: AnswerResponse | None) -> list[str]:
     return list(dict.fromkeys(d.id.split("#")[0] for s in steps for docs in s.docs for d in docs))
 
 
-def _score(question: Question, reply: AnswerResponse | None, error: str | None, latency: float) -> dict[str, Any]:
+def _score(
+    question: Question, reply: AnswerResponse | None, error: str | None, latency: float
+) -> dict[str, Any]:
     prediction = reply.answer if reply is not None else None
     return {
         "id": question.id,
@@ -130,7 +130,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def evaluate_answers(
-    policy: str | FastAPI,
+    policy_url: str,
     retriever_url: str,
     questions: Sequence[Question],
     recipe: str = "naive-rag",
@@ -142,9 +142,8 @@ def evaluate_answers(
     """EM / F1 / retrieval count / latency of ``recipe`` answering ``questions[:limit]``.
 
     Args:
-        policy: the policy service's base URL, or a policy app (``services.policy.app.create_app``)
-            that is served on a loopback port for the run; its POLICY_RETRIEVER_URL must be
-            ``retriever_url``.
+        policy_url: the policy service's base URL; its POLICY_RETRIEVER_URL must be ``retriever_url``
+            (``hoprl eval-answers``, given no URLs, starts both in-process).
         collection: the retriever collection; ``None`` = index the pooled paragraphs of all
             ``questions`` (the benchmark's corpus; cached by content, see ``corpus_collection``).
         concurrency: questions in flight at once (the policy batches concurrent generations).
@@ -157,13 +156,8 @@ def evaluate_answers(
     """
     collection = collection or prepare_collection(retriever_url, questions)
     sample = list(questions[:limit] if limit else questions)
-    with ExitStack() as stack:
-        if isinstance(policy, FastAPI):
-            from services.local import LocalServer
-
-            policy = stack.enter_context(LocalServer(policy)).url
-        start = time.perf_counter()
-        rows = asyncio.run(_answer_all(policy, sample, recipe, collection, concurrency, timeout_s))
+    start = time.perf_counter()
+    rows = asyncio.run(_answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s))
     seconds = time.perf_counter() - start
     return {
         "recipe": recipe,

@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.pipeline import prefect_api
 from flows.stack import ServiceUrls
-from hoprl.pipeline_cli import prefect_api
 from hoprl.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,7 +223,7 @@ def test_hoprl_pipeline_shows_each_stage_and_each_jobs_progress(
             "--limit", "6", "--eval-limit", "2", "--dev-limit", "1", "--run-id", "cli-run",
             "--hyperparameters", json.dumps(HP)]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "hoprl.cli", *argv], cwd=ROOT, env={**env, "PREFECT_API_URL": ui},
+        [sys.executable, "-m", "cli.main", *argv], cwd=ROOT, env={**env, "PREFECT_API_URL": ui},
         capture_output=True, text=True, timeout=540,
     )  # fmt: skip
     out = proc.stdout + proc.stderr

@@ -12,7 +12,7 @@ from .conftest_paths import shared_file
 
 def hoprl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hoprl.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+        [sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=600
     )
 
 

@@ -19,7 +19,7 @@ INFO = "<information>\n[1] Acme Records: founded by Jane Roe.\n</information>"
 
 def hoprl(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hoprl.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -31,7 +31,7 @@ import yaml
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
 
-from hoprl import cli
+from cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -523,7 +523,7 @@ class Started:
         service = served(name)
         assert service is not None
         if service not in cli.SERVICES:
-            pytest.skip(f"`hoprl serve {service}` is not registered in hoprl/cli.py yet")
+            pytest.skip(f"`hoprl serve {service}` is not registered in cli/main.py yet")
         if settings_class(service) is None:
             pytest.skip(f"services/{service}/settings.py is not written yet")
         for target in SERVICES[name].get("depends_on", {}):

@@ -119,7 +119,7 @@ def free_port() -> int:
 def judge_process(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``hoprl serve judge`` in its own process (so a test can kill it), ready on ``port``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUDGE_")}
-    cmd = [sys.executable, "-m", "hoprl.cli", "serve", "judge", "--port", str(port), "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "cli.main", "serve", "judge", "--port", str(port), "--log-level", "warning"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -7,6 +7,7 @@ from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import doc_id
 from hoprl.recipes import get_recipe
 from hoprl.schemas import Paragraph, Question
+from services.local import LocalServer
 from services.policy.app import create_app
 
 from .conftest import small_settings
@@ -25,8 +26,8 @@ QUESTIONS = [
 
 
 def test_evaluate_answers_in_process_app(indexed: str, model_path: str) -> None:
-    app = create_app(small_settings(indexed, model_path))
-    report = evaluate_answers(app, indexed, QUESTIONS, recipe="naive-rag", limit=2)
+    with LocalServer(create_app(small_settings(indexed, model_path))) as policy:
+        report = evaluate_answers(policy.url, indexed, QUESTIONS, recipe="naive-rag", limit=2)
     assert report["questions"] == 2 and report["errors"] == 0
     assert report["collection"].startswith("eval-")
     assert 0 <= report["em"] <= report["f1"] <= 1

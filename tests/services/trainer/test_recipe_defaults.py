@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.pipeline import add_arguments, pipeline_options
 from flows.pipeline import job_request
 from flows.stack import POLICY_LIMITS
 from hoprl.agent.grammar import grammar
-from hoprl.pipeline_cli import add_arguments, pipeline_options
 from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters, JobRequest, recipe_objective

@@ -108,7 +108,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hoprl pipeline`` (for the lead's ``hoprl/cli.py``)."""
+    """The options of ``hoprl pipeline`` (for :mod:`cli.main`)."""
     parser.add_argument(
         "--dataset", default="synthetic", help="synthetic[:SEED[:MAX_HOPS]], a JSONL path, or a hub name"
     )

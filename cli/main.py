@@ -16,7 +16,6 @@ import logging
 import sys
 from pathlib import Path
 
-from fastapi import FastAPI
 from rich.console import Console
 from rich.table import Table
 
@@ -148,17 +147,19 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
             from services.retriever.app import create_app as retriever_app
 
             retriever_url = stack.enter_context(LocalServer(retriever_app())).url
-        policy: str | FastAPI = args.policy_url
-        if not policy:
+        policy_url = args.policy_url
+        if not policy_url:
+            from services.local import LocalServer
             from services.policy.app import create_app as policy_app
             from services.policy.settings import PolicySettings
 
             policy = policy_app(PolicySettings(retriever_url=retriever_url))
+            policy_url = stack.enter_context(LocalServer(policy)).url
         rows = []
         for recipe in args.recipe:
             console.print(f"answering {args.limit or len(questions)} questions with {recipe}")
             report = evaluate_answers(
-                policy,
+                policy_url,
                 retriever_url,
                 questions,
                 recipe=recipe,
@@ -280,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--json", action="store_true", help="print the reports as one JSON list")
     ans.set_defaults(func=cmd_eval_answers)
 
-    from hoprl import pipeline_cli
+    from cli import pipeline as pipeline_cli
 
     pipe = sub.add_parser(
         "pipeline",
