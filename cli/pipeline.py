@@ -32,6 +32,9 @@ def prefect_api(local: str = LOCAL_API_URL) -> str | None:
     return os.environ.get("PREFECT_API_URL") or local_api(local)
 
 
+EPHEMERAL_STARTUP_TIMEOUT_S = 180
+
+
 def run_pipeline(
     dataset: str = "synthetic",
     recipe: str = "when-to-search",
@@ -49,11 +52,20 @@ def run_pipeline(
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     api = prefect_api()
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     from flows.pipeline import pipeline
 
-    with temporary_settings({PREFECT_API_URL: api}):
+    # Without a Prefect server the run starts an ephemeral one; Prefect gives it 20 s, which a
+    # loaded 2-core machine missed ("Timed out while attempting to connect to ephemeral Prefect
+    # API server" after 47 s of `make run`). A value the user sets wins.
+    startup = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+    timeout = int(os.environ.get(startup.name) or EPHEMERAL_STARTUP_TIMEOUT_S)
+    with temporary_settings({PREFECT_API_URL: api, startup: timeout}):
         summary = pipeline(
             recipe=recipe,
             objective=objective,
