@@ -63,7 +63,8 @@ from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
 from hoprl.recipes import get_recipe
-from hoprl.registry import Registry, total_reward
+from hoprl.registry import total_reward
+from hoprl.registry.shared import from_environment
 from hoprl.schemas import Document, Question
 from hoprl.schemas.judge import AnswerableItem, AnswerItem
 
@@ -118,16 +119,9 @@ def use_eager(eager: bool = True) -> None:
 # -- rollouts -----------------------------------------------------------------------------------
 
 
-@functools.cache
-def _open(url: str | None) -> Registry:
-    return Registry(url)
-
-
-def registry() -> Registry:
-    """The registry at ``$HOPRL_DATABASE_URL`` as it is now: one open registry per worker process and
-    URL (opening one checks the schema). The URL is read on every call, so a cache filled under one
-    URL never serves another (a unit written to the wrong database fails its foreign keys)."""
-    return _open(os.environ.get("HOPRL_DATABASE_URL"))
+#: the registry at ``$HOPRL_DATABASE_URL`` as it is now, one open per worker process and URL (a
+#: cache keyed on the first URL once wrote a unit into another test's database)
+registry = from_environment
 
 
 @functools.cache

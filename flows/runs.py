@@ -16,31 +16,21 @@ ledger and skips every marked stage, so a killed pipeline resumes where it stopp
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from pathlib import Path
 
 from prefect.runtime import flow_run
 
-from hoprl.registry import Registry
 from hoprl.registry.models import RunRow
+from hoprl.registry.shared import from_environment
 
 LEDGER = "pipeline/"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-@functools.cache
-def _open(url: str | None) -> Registry:
-    return Registry(url)
-
-
-def registry() -> Registry:
-    """The registry at ``$HOPRL_DATABASE_URL`` (default: the SQLite file ``.hoprl/registry.db``).
-
-    One open registry per URL and process: opening one runs the schema migrations.
-    """
-    return _open(os.environ.get("HOPRL_DATABASE_URL"))
+#: the registry at ``$HOPRL_DATABASE_URL``, one open per URL and process
+registry = from_environment
 
 
 def runs_dir() -> Path:

@@ -42,7 +42,7 @@ from flows.fanout import embed_batch, fan_out, judge_item, rollout_episode
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.synthetic import SyntheticQuestion, generate, hops_for
 from hoprl.recipes import get_recipe
-from hoprl.registry import Registry
+from hoprl.registry import Registry, shared
 from hoprl.schemas import Document
 from services.judge.app import create_app as create_judge
 from services.judge.settings import JudgeSettings
@@ -136,7 +136,7 @@ def registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        fanout._open.cache_clear()
+        shared.forget()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
@@ -174,12 +174,12 @@ def rollouts(
 @pytest.fixture
 def eager(registry_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HOPRL_DATABASE_URL", registry_url)
-    fanout._open.cache_clear()
+    shared.forget()
     was_eager = fanout.app.conf.task_always_eager
     fanout.use_eager()
     yield
     fanout.use_eager(was_eager)
-    fanout._open.cache_clear()
+    shared.forget()
 
 
 @pytest.mark.usefixtures("eager")
