@@ -35,11 +35,12 @@ import torch
 from hoprl.answer_eval import prepare_collection
 from hoprl.clients.http import client_options
 from hoprl.data.jsonl import load_questions
+from hoprl.generation.engines import SamplingParams
+from hoprl.generation.model import resolve_model
+from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.schemas import Question
 from services.local import LocalServer
 from services.policy.app import create_app as create_policy
-from services.policy.engines import SamplingParams, TransformersEngine
-from services.policy.model import resolve_model
 from services.policy.settings import PolicySettings
 from services.retriever.app import create_app as create_retriever
 from services.retriever.settings import RetrieverSettings

@@ -6,7 +6,7 @@ Times, on the default model (SmolLM2-135M-Instruct), alternating the two precisi
 machine noise hits both alike:
 - a forward + backward pass over 4 x 720 tokens (a GRPO loss batch of multi-turn episodes);
 - sampling 64 new tokens for 8 prompts of 300 tokens (a rollout turn).
-Prints the medians and the ratio fp32 / bf16. ``services/trainer/hardware.py`` turns bf16 on where
+Prints the medians and the ratio fp32 / bf16. ``hoprl/training/hardware.py`` turns bf16 on where
 this benchmark found it faster (CPUs with AMX); ``HOPRL_BF16`` overrides that choice.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from services.policy.model import resolve_model
-from services.trainer.hardware import bf16_mixed_precision
+from hoprl.generation.model import resolve_model
+from hoprl.training.hardware import bf16_mixed_precision
 
 
 def timed(fn: Callable[[], Any]) -> float:

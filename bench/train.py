@@ -47,6 +47,8 @@ from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.data.jsonl import write_questions
 from hoprl.data.sources import load
+from hoprl.generation.lockstep import lockstep_episodes
+from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.metrics.retrieval import full_recall_at_k
 from hoprl.metrics.stats import paired_bootstrap
@@ -54,12 +56,10 @@ from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest, LrScheduler
+from hoprl.training.hardware import bf16_mixed_precision
 from services.local import LocalServer
-from services.policy.agent import lockstep_episodes
-from services.policy.engines import TransformersEngine
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
-from services.trainer.hardware import bf16_mixed_precision
 from services.trainer.jobs import checkpoint_of, ensure_collection, run_job, submit
 from services.trainer.settings import TrainerSettings
 

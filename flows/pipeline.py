@@ -31,8 +31,8 @@ from flows.report import publish_report
 from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
+from hoprl.generation.model import resolve_model
 from hoprl.schemas.trainer import Preset, preset_recipe_config, recipe_objective
-from services.policy.model import resolve_model
 
 MODEL_CACHE = Path(
     ".hoprl/models/smollm2-135m-instruct"

@@ -1,4 +1,5 @@
-"""Shared fixtures: live services over real HTTP on 127.0.0.1 with real embedded storage."""
+"""Shared fixtures: live services over real HTTP on 127.0.0.1 with real embedded storage, a tiny
+model with the real tokenizer (:mod:`tests.models`), a synthetic-world index, a fresh PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,14 +10,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.data.corpus import pool
+from hoprl.data.synthetic import generate
+from hoprl.evaluation import corpus_collection, ensure_indexed
+from hoprl.generation.model import resolve_model
+from hoprl.schemas import Question
 from services.local import LocalServer
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
+from tests.models import make_tiny_model
+from tests.postgres import admin_url_or_skip, fresh_database
 
 torch.set_num_threads(1)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def shared_file(name: str) -> Path:
@@ -33,3 +43,37 @@ def retriever_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     settings = RetrieverSettings(storage_path=tmp_path_factory.mktemp("qdrant"))
     with LocalServer(create_app(settings)) as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path() -> str:
+    return resolve_model(None, ROOT / ".hoprl/models/smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tokenizer_path, tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def synthetic() -> dict[str, list[Question]]:
+    """A small slice of the synthetic world: 8 train and 4 dev questions."""
+    splits = generate(seed=0)
+    return {"train": list(splits["train"][:8]), "dev": list(splits["dev"][:4])}
+
+
+@pytest.fixture(scope="session")
+def collection(retriever_url: str, synthetic: dict[str, list[Question]]) -> str:
+    """The slice's paragraphs indexed in the live retriever."""
+    documents = pool(synthetic["train"] + synthetic["dev"])
+    name = corpus_collection("trainer-test", documents)
+    with RetrieverClient(retriever_url) as client:
+        ensure_indexed(client, name, documents)
+    return name
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh database on the real PostgreSQL for this session's trainer services (skips without one)."""
+    with fresh_database(admin_url_or_skip()) as url:
+        yield url.render_as_string(hide_password=False)

@@ -15,10 +15,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 import hoprl
+from hoprl.generation.engines import Engine
+from hoprl.generation.model import resolve_model
+from hoprl.generation.openai_engine import OpenAIEngine
+from hoprl.generation.transformers_engine import TransformersEngine
+from hoprl.generation.vllm_engine import VllmEngine
 from services.errors import error_response, install_error_handlers
 from services.policy.agent import Policy
-from services.policy.engines import Engine, OpenAIEngine, TransformersEngine, VllmEngine
-from services.policy.model import resolve_model
 from services.policy.routes import router
 from services.policy.settings import PolicySettings
 from services.security import install_api_key

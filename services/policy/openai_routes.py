@@ -26,6 +26,7 @@ from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 from starlette.concurrency import run_in_threadpool
 
+from hoprl.generation.engines import Generation, Prompt, SamplingParams
 from hoprl.schemas.policy_openai import (
     AssistantMessage,
     ChatChoice,
@@ -45,7 +46,6 @@ from hoprl.schemas.policy_openai import (
 )
 from services.errors import ApiError
 from services.policy.agent import Policy
-from services.policy.engines import Generation, Prompt, SamplingParams
 from services.policy.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from services.policy.settings import PolicySettings
 from services.policy.streaming import LiveStream, sse

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from hoprl.generation.model import is_checkpoint
 from hoprl.schemas.policy import (
     AnswerRequest,
     AnswerResponse,
@@ -25,7 +26,6 @@ from hoprl.schemas.policy import (
     RolloutResponse,
 )
 from services.errors import ERROR_RESPONSES, ApiError, error_response
-from services.policy.model import is_checkpoint
 from services.policy.openai_routes import openai_router, policy_of
 
 POLICY_ERRORS: dict[int | str, dict[str, Any]] = {

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hoprl.data.hub import HUB
+from hoprl.generation.model import is_checkpoint
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.errors import ApiError
-from services.policy.model import is_checkpoint
 from services.trainer.settings import TrainerSettings
 
 #: a Hugging Face model id: ``org/name``

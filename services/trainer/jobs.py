@@ -15,8 +15,8 @@ started again, runs the same way:
    state from its ``hoprl_state.json``;
 5. train with the objective's trainer and save the final checkpoint: ``grpo`` / ``dapo`` /
    ``dr_grpo`` through TRL (for ``r2ag``: the progressive rounds of
-   :mod:`services.trainer.r2ag_rounds`), ``sft`` through TRL, ``ppo`` / ``dpo`` through
-   :mod:`services.trainer.offpolicy` (fresh rollouts, or another run's stored episodes with
+   :mod:`hoprl.training.r2ag_rounds`), ``sft`` through TRL, ``ppo`` / ``dpo`` through
+   :mod:`hoprl.training.offpolicy` (fresh rollouts, or another run's stored episodes with
    ``episodes_from``). EVO-RAG's refusal check uses the judge service when ``TRAINER_JUDGE_URL``
    is set, else the rules judge.
 """
@@ -38,14 +38,14 @@ from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
 from hoprl.data.sources import load
 from hoprl.evaluation import corpus_collection, ensure_indexed
+from hoprl.generation.model import resolve_model
 from hoprl.recipes import get_recipe, reward_weights
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
-from services.policy.model import resolve_model
-from services.trainer.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
-from services.trainer.rollout import RolloutOptions
+from hoprl.training.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
+from hoprl.training.rollout import RolloutOptions
 from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger("hoprl.trainer")
@@ -162,7 +162,7 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
                   registry: Registry, run_id: str, output_dir: str) -> Any:  # fmt: skip
     """The objective's trainer with the run's callback attached."""
     if request.objective == "sft":
-        from services.trainer.sft import build_sft, expert_episodes, sft_config, sft_dataset
+        from hoprl.training.sft import build_sft, expert_episodes, sft_config, sft_dataset
 
         episodes = asyncio.run(expert_episodes(recipe, train, settings.retriever_url, collection,
                                                noise=hp.expert_noise, seed=request.seed))  # fmt: skip
@@ -172,17 +172,17 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
         return build_sft(model, tokenizer, data, config, callbacks=[callback])
     opts = rollout_options(request, hp, collection, settings)
     if request.objective in ("ppo", "dpo"):
-        from services.trainer.offpolicy import OffPolicyTrainer
+        from hoprl.training.offpolicy import OffPolicyTrainer
 
         return OffPolicyTrainer(request.objective, request, hp, recipe, model, tokenizer, train, dev, opts,
                                 registry, run_id, output_dir)  # fmt: skip
     if request.recipe == "r2ag":
-        from services.trainer.r2ag_rounds import R2agRounds
+        from hoprl.training.r2ag_rounds import R2agRounds
 
         return R2agRounds(request, hp, recipe, model, tokenizer, train, opts, registry, run_id, output_dir)
-    from services.trainer.grpo import build_grpo, grpo_config
-    from services.trainer.preference import PreferenceCallback, preference_learner
-    from services.trainer.rollout import AgentRollout
+    from hoprl.training.grpo import build_grpo, grpo_config
+    from hoprl.training.preference import PreferenceCallback, preference_learner
+    from hoprl.training.rollout import AgentRollout
 
     preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1 reward model
 

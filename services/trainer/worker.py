@@ -3,7 +3,7 @@
 The trainer service starts one worker per job, so cancelling a job is ending a process, and a
 job killed with SIGKILL leaves nothing behind but its last complete checkpoint and what it wrote
 to the registry. Each worker is one *attempt* at its run
-(:func:`~services.trainer.callbacks.start_attempt`): it deletes what earlier attempts recorded
+(:func:`~hoprl.training.callbacks.start_attempt`): it deletes what earlier attempts recorded
 for the steps after the checkpoint it resumes from, then runs those steps again, so every step's
 episodes, metrics and stage switches come from one attempt. The worker marks the run
 ``running``, then ``succeeded`` or ``failed`` (with the error); logs go to stderr, which the
@@ -17,7 +17,7 @@ import os
 import sys
 
 from hoprl.registry.store import Registry
-from services.trainer.callbacks import start_attempt
+from hoprl.training.callbacks import start_attempt
 from services.trainer.jobs import run_job
 from services.trainer.settings import TrainerSettings
 

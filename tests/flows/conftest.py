@@ -44,7 +44,6 @@ def load_module(name: str, path: Path) -> ModuleType:
 
 
 scripted = load_module("scripted_llm", ROOT / "tests" / "hoprl" / "agent" / "scripted_llm.py")
-trainer_fixtures = load_module("trainer_fixtures", ROOT / "tests" / "services" / "trainer" / "conftest.py")
 
 
 def scripts() -> dict[str, list[str]]:
@@ -59,14 +58,6 @@ def scripts() -> dict[str, list[str]]:
                 f"<reflect>Found it.</reflect>\n<think>Done.</think>\n<answer>{answer}</answer>",
             ]
     return out
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from services.policy.model import resolve_model
-
-    tokenizer = resolve_model(None, ROOT / ".hoprl/models/smollm2-135m-instruct")
-    return str(trainer_fixtures.make_tiny_model(tokenizer, tmp_path_factory.mktemp("tiny") / "model"))
 
 
 @pytest.fixture(scope="session")

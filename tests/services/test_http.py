@@ -28,12 +28,12 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
+from hoprl.generation.model import resolve_model
 from services.errors import ERROR_RESPONSES, ApiError, install_error_handlers
 from services.judge.app import create_app as judge_app
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer
 from services.policy.app import create_app as policy_app
-from services.policy.model import resolve_model
 from services.policy.settings import PolicySettings
 from services.retriever.app import create_app as retriever_app
 from services.retriever.settings import RetrieverSettings

@@ -31,13 +31,13 @@ from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
+from hoprl.generation.model import resolve_model
 from hoprl.schemas import Document
 from hoprl.schemas.judge import AnswerItem
 from services.judge.app import create_app as create_judge
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer
 from services.policy.app import create_app as create_policy
-from services.policy.model import resolve_model
 from services.policy.settings import PolicySettings
 from services.retriever.app import create_app as create_retriever
 from services.retriever.settings import RetrieverSettings

@@ -9,7 +9,7 @@ The recipe in four parts, one module each:
 - :mod:`~hoprl.recipes.r2ag.reward`: the Top-Survivor reward (Eq. 5, App. G);
 - :mod:`~hoprl.recipes.r2ag.forest`: the retrieval forest of progressive iterative training
   (grow one level per round, every sample's pruned tree propagates), which
-  :mod:`services.trainer.r2ag_rounds` drives.
+  :mod:`hoprl.training.r2ag_rounds` drives.
 
 ``docs/recipes/r2ag.md`` maps each mechanism of the paper to its code and the test that pins it.
 """

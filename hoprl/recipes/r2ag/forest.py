@@ -1,7 +1,7 @@
 """R2AG's Reasoning-Augmented Retrieval Forest: retrieval trees grown one level per round.
 
 A :class:`RetrievalTree` starts at its question (the root). Each round, every open leaf of every
-tree is expanded by ``G`` sampled expansions (:mod:`services.trainer.r2ag_rounds`), and
+tree is expanded by ``G`` sampled expansions (:mod:`hoprl.training.r2ag_rounds`), and
 :func:`grow_forest` turns them into the next forest:
 
 - **every sample's tree propagates**: sample ``s`` of a tree (the ``s``-th expansion at each of

@@ -524,7 +524,7 @@ def tokenizer():
 
     from transformers import AutoTokenizer
 
-    from services.policy.model import resolve_model
+    from hoprl.generation.model import resolve_model
 
     root = Path(__file__).resolve().parents[3]
     return AutoTokenizer.from_pretrained(resolve_model(None, root / ".hoprl/models/smollm2-135m-instruct"))

@@ -43,10 +43,10 @@ from hoprl.recipes.r2ag import (
     score_episode,
     survivors,
 )
+from hoprl.training.sft import ExpertChat, expert_episodes
 from services.local import LocalServer
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
-from services.trainer.sft import ExpertChat, expert_episodes
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 TAG = {"base": "base-Q", "predicted": "predicted-Q"}

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hoprl.clients.retriever import RetrieverClient
+from hoprl.generation.model import resolve_model
 from hoprl.schemas import Document
 from services.local import LocalServer
 from services.policy.app import create_app
-from services.policy.model import resolve_model
 from services.policy.settings import PolicySettings
 
 ROOT = Path(__file__).resolve().parents[3]

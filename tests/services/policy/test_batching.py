@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from services.policy.engines import Generation, SamplingParams, TransformersEngine
+from hoprl.generation.engines import Generation, SamplingParams
+from hoprl.generation.transformers_engine import TransformersEngine
 
 COUNTING = "1, 2, 3, 4, 5,"  # the model keeps counting: every one of max_tokens is used
 
@@ -79,7 +80,7 @@ def test_prefix_cache_keeps_the_longest_rows_within_capacity() -> None:
     the least recently used rows leave first once the token capacity is full."""
     import torch
 
-    from services.policy.prefix_cache import PrefixCache
+    from hoprl.generation.prefix_cache import PrefixCache
 
     def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(torch.full((1, 1, n, 2), float(n)), torch.zeros(1, 1, n, 2))]

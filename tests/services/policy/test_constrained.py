@@ -137,7 +137,7 @@ def test_setting_off_and_an_engine_that_cannot_constrain(served: str, indexed: s
 def test_the_last_affordable_step_may_only_end_the_episode() -> None:
     """A step turns final when it is the last allowed one, or when the budget could not hold it, the
     documents a search would bring and a closing step: else the runner stops for its budget."""
-    from services.policy.agent import Constraint
+    from hoprl.generation.chat import Constraint
 
     first = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
     rule = Constraint("search-r1", max_steps=5, step_tokens=256, token_budget=2048, count=len)

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.generation.engines import Generation, Prompt, SamplingParams
+from hoprl.generation.lockstep import Lockstep, lockstep_episodes
+from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import get_recipe
 from hoprl.schemas import Question
-from services.policy.agent import Lockstep, lockstep_episodes
-from services.policy.engines import Generation, Prompt, SamplingParams, TransformersEngine
 
 from .conftest import COLLECTION
 

@@ -17,8 +17,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from services.policy.engines import SamplingParams, TransformersEngine
-from services.policy.streaming import TextStream, held_back
+from hoprl.generation.engines import SamplingParams
+from hoprl.generation.streaming import TextStream, held_back
+from hoprl.generation.transformers_engine import TransformersEngine
 
 MODEL = "smollm2-135m-instruct"
 COUNTING = "1, 2, 3, 4, 5,"  # the model keeps counting, so it uses every one of its tokens

@@ -19,9 +19,9 @@ from hoprl.recipes.evo_rag import EvoRag
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
-from services.trainer.callbacks import STATE_FILE
+from hoprl.training.callbacks import STATE_FILE
+from hoprl.training.ppo import VALUE_HEAD_FILE
 from services.trainer.jobs import run_job, submit
-from services.trainer.ppo import VALUE_HEAD_FILE
 from services.trainer.settings import TrainerSettings
 
 STEPS, GROUPS, SAMPLES = 2, 2, 4

@@ -13,7 +13,7 @@ import torch
 from hoprl.agent.trajectory import Episode, Step
 from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRag, EvoRagConfig, step_weights
 from hoprl.schemas import Question
-from services.trainer.preference import (
+from hoprl.training.preference import (
     Item,
     PreferenceConfig,
     PreferenceLearner,

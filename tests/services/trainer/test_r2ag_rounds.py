@@ -20,9 +20,9 @@ from hoprl.recipes.r2ag import Node, R2ag, RetrievalTree, normalize_title
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
-from services.trainer.callbacks import STATE_FILE
+from hoprl.training.callbacks import STATE_FILE
+from hoprl.training.r2ag_rounds import group_advantages, level_advantages, tree_from_dict, tree_to_dict
 from services.trainer.jobs import run_job, submit
-from services.trainer.r2ag_rounds import group_advantages, level_advantages, tree_from_dict, tree_to_dict
 from services.trainer.settings import TrainerSettings
 
 SAMPLES = 4

@@ -23,7 +23,7 @@ from hoprl.registry.models import CheckpointRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
-from services.trainer.callbacks import STATE_FILE, current_attempt, start_attempt
+from hoprl.training.callbacks import STATE_FILE, current_attempt, start_attempt
 from services.trainer.jobs import submit
 from tests.postgres import admin_url_or_skip, fresh_database
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hoprl.agent.trajectory import Episode, Step
-from services.trainer.rollout import episode_stats
+from hoprl.training.rollout import episode_stats
 
 
 def episode(searches: int, retrieval_s: float, generation_s: float) -> Episode:

@@ -55,6 +55,7 @@ from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.generation.chat import EngineChat
 from hoprl.recipes.base import Action
 from hoprl.recipes.r2ag import (
     Forest,
@@ -70,9 +71,8 @@ from hoprl.recipes.r2ag import (
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest, reward_scaling
-from services.policy.agent import EngineChat
-from services.trainer.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
-from services.trainer.rollout import RolloutOptions, TrainingEngine, generation_mode
+from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
+from hoprl.training.rollout import RolloutOptions, TrainingEngine, generation_mode
 
 log = logging.getLogger("hoprl.trainer")
 LOOP = "r2ag-rounds"

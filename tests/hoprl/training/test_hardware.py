@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.trainer.hardware import accelerator_args, bf16_mixed_precision
+from hoprl.training.hardware import accelerator_args, bf16_mixed_precision
 
 
 @pytest.mark.parametrize(("value", "expected"), [("1", True), ("on", True), ("0", False), ("false", False)])

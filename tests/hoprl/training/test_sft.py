@@ -11,7 +11,7 @@ from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import keyword_query
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters
-from services.trainer.sft import build_sft, expert_episodes, sft_config, sft_dataset
+from hoprl.training.sft import build_sft, expert_episodes, sft_config, sft_dataset
 
 
 def test_expert_episodes_are_real_rollouts(retriever_url: str, collection: str,

@@ -15,7 +15,7 @@ from hoprl.recipes.baselines import SearchR1, generated_texts
 from hoprl.recipes.evo_rag import EvoRag
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters
-from services.trainer.grpo import (
+from hoprl.training.grpo import (
     HoprlGRPOTrainer,
     build_grpo,
     grpo_config,
@@ -24,7 +24,7 @@ from services.trainer.grpo import (
     step_advantages,
     token_advantages,
 )
-from services.trainer.rollout import AgentRollout, RolloutOptions
+from hoprl.training.rollout import AgentRollout, RolloutOptions
 
 
 class LengthRecipe(SearchR1):

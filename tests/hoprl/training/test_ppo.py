@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.agent.trajectory import Episode, Step
 from hoprl.recipes.evo_rag import SIGNALS, EvoRag, episode_step_rewards
-from services.trainer.ppo import (
+from hoprl.training.ppo import (
     PPOConfig,
     PPOSample,
     ValueHead,
@@ -242,8 +242,8 @@ def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: 
     from hoprl.registry.store import Registry
     from hoprl.schemas import Question
     from hoprl.schemas.trainer import JobRequest
-    from services.trainer.offpolicy import OffPolicyTrainer
-    from services.trainer.rollout import RolloutOptions
+    from hoprl.training.offpolicy import OffPolicyTrainer
+    from hoprl.training.rollout import RolloutOptions
 
     request = JobRequest(recipe="evo-rag", objective="ppo", model=tiny_model)
     hp = request.hyperparameters.resolved(request.recipe, request.objective)

@@ -7,9 +7,9 @@ signal in :data:`hoprl.recipes.evo_rag.SIGNALS` order (r_ret, r_dup, r_bt, r_ref
 r_act).
 
 **Pairs (the paper).** Sibling prefixes: two steps that follow the same question and the same
-earlier steps (:func:`services.trainer.dpo.sibling_groups`). Each candidate step is valued by
+earlier steps (:func:`hoprl.training.dpo.sibling_groups`). Each candidate step is valued by
 its weighted return-to-go ``G_t = sum_{s>=t} sum_k w_k(s) r_k(s)`` (mean over the episodes that
-took it; :func:`services.trainer.dpo.candidate_values`), the preferred one is the higher ``G_t``.
+took it; :func:`hoprl.training.dpo.candidate_values`), the preferred one is the higher ``G_t``.
 :func:`preference_pairs` pairs the best candidate of a group with the worst, the second best
 with the second worst, ... (every candidate in at most one pair: as many preferred as
 dispreferred steps) and alternates which of the two is shown first, so the labels are 1:1.
@@ -67,7 +67,7 @@ from hoprl.agent.trajectory import Episode
 from hoprl.embedding import default_model_path
 from hoprl.recipes.base import RewardFunc, versioned
 from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRagConfig, Stage, step_weights
-from services.trainer.dpo import candidate_values, sibling_groups
+from hoprl.training.dpo import candidate_values, sibling_groups
 
 log = logging.getLogger("hoprl.trainer.preference")
 

@@ -3,7 +3,7 @@
 :class:`OffPolicyTrainer` is the job loop for ``objective: "ppo"`` and ``"dpo"``. Each step:
 
 1. **episodes**: either fresh rollouts, collected exactly as the GRPO path collects them
-   (:meth:`AgentRollout.collect <services.trainer.rollout.AgentRollout.collect>`: the recipe's
+   (:meth:`AgentRollout.collect <hoprl.training.rollout.AgentRollout.collect>`: the recipe's
    agent loop against the retriever, ``questions_per_step`` questions x ``num_generations``
    samples, with the *current* weights), or, with the hyperparameter ``episodes_from: <run id>``,
    the episodes that run stored at the same step (its steps are cycled when this job runs
@@ -14,22 +14,22 @@
    judge service when ``TRAINER_JUDGE_URL`` is set). Stored episodes are already scored.
 3. **record**: the episodes and their rewards go to the registry under this run at this step
    (idempotent on run, step, question, sample, so a resumed step writes nothing twice).
-4. **update**: PPO: one :func:`~services.trainer.ppo.ppo_step` (GAE over EVO-RAG's step
+4. **update**: PPO: one :func:`~hoprl.training.ppo.ppo_step` (GAE over EVO-RAG's step
    rewards, a critic: by default a separate value model at its own learning rate, clipped
-   objective); DPO: :func:`~services.trainer.dpo.build_pairs` on the
+   objective); DPO: :func:`~hoprl.training.dpo.build_pairs` on the
    step's episodes, then one TRL DPO step on all its pairs (no pair with a margin above
    ``pair_delta``: the step is logged with ``pairs = 0`` and no update).
 5. **preference model** (EVO-RAG, ``preference_model`` on): one
-   :meth:`~services.trainer.preference.PreferenceLearner.step` on the step's sibling pairs; its
+   :meth:`~hoprl.training.preference.PreferenceLearner.step` on the step's sibling pairs; its
    ``preference/*`` metrics (held-back ``preference/eval_accuracy``) join the step's metrics.
 
 The policy, the optimizer (and PPO's value head, DPO's frozen reference = the starting weights)
 live for the whole job, which is why the loop calls ``ppo_step`` / a per-step TRL ``DPOTrainer``
-rather than :func:`~services.trainer.ppo.train_ppo` / :func:`~services.trainer.dpo.train_dpo`:
+rather than :func:`~hoprl.training.ppo.train_ppo` / :func:`~hoprl.training.dpo.train_dpo`:
 those load a model from disk and start a fresh Adam on every call.
 
 Metrics go to the registry every step; checkpoints (every ``save_steps`` and at the end) use the
-GRPO path's layout (:func:`~services.trainer.callbacks.save_loop_checkpoint`), so the checkpoints
+GRPO path's layout (:func:`~hoprl.training.callbacks.save_loop_checkpoint`), so the checkpoints
 table, resume after a kill, and serving a checkpoint work the same. EVO-RAG's stage switch is
 checked on the dev split at each checkpoint, as in the GRPO path.
 """
@@ -52,9 +52,9 @@ from hoprl.agent.trajectory import Episode
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
-from services.trainer.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
-from services.trainer.dpo import DPOJobConfig, build_pairs, dpo_trainer
-from services.trainer.ppo import (
+from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
+from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer
+from hoprl.training.ppo import (
     PPOConfig,
     PPOSample,
     load_critic,
@@ -63,8 +63,8 @@ from services.trainer.ppo import (
     ppo_step,
     save_critic,
 )
-from services.trainer.preference import preference_learner
-from services.trainer.rollout import (
+from hoprl.training.preference import preference_learner
+from hoprl.training.rollout import (
     AgentRollout,
     RolloutOptions,
     TrainingEngine,

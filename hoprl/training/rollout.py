@@ -56,12 +56,12 @@ from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.generation.chat import EngineChat
+from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.baselines import generated_texts
 from hoprl.schemas import Question
-from services.policy.agent import EngineChat
-from services.policy.engines import TransformersEngine
-from services.trainer.hardware import bf16_mixed_precision
+from hoprl.training.hardware import bf16_mixed_precision
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -79,7 +79,7 @@ class TrainingEngine(TransformersEngine):
         )
 
     def load(self, path: str) -> None:
-        from services.policy.decoding import Batcher
+        from hoprl.generation.decoding import Batcher
 
         model, tokenizer = self._live
         tokenizer = copy.deepcopy(tokenizer)  # the engine may set a pad token; the trainer's copy stays
@@ -164,7 +164,7 @@ class AgentRollout:
         recipe: a recipe instance (its curriculum, if any, is read by its rewards at call time).
         questions: the training pool; prompts are the question texts, refills come from here.
         sink: called once per batch with the episodes that are trained on (the run registry);
-            with ``attempt`` set (by :class:`~services.trainer.callbacks.RunCallback`), each
+            with ``attempt`` set (by :class:`~hoprl.training.callbacks.RunCallback`), each
             episode carries it in ``meta["attempt"]``.
     """
 

@@ -167,12 +167,12 @@ def dpo_trainer(
     optimizers: tuple[Any, Any] = (None, None),
 ) -> Any:
     """TRL's DPOTrainer on in-memory models (what :func:`train_dpo` runs). The job loop
-    (:mod:`services.trainer.offpolicy`) builds one per step with the same ``ref_model`` and
+    (:mod:`hoprl.training.offpolicy`) builds one per step with the same ``ref_model`` and
     ``optimizers``, so the reference stays the starting policy and Adam keeps its moments."""
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from services.trainer.hardware import accelerator_args
+    from hoprl.training.hardware import accelerator_args
 
     if not pairs:
         raise ValueError("no preference pairs: store more samples per question or lower delta")

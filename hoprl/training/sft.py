@@ -33,7 +33,7 @@ from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters
-from services.trainer.hardware import accelerator_args
+from hoprl.training.hardware import accelerator_args
 
 log = logging.getLogger("hoprl.trainer")
 

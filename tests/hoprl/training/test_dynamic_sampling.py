@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.recipes.baselines import SearchR1
 from hoprl.schemas import Question
-from services.trainer.rollout import AgentRollout, RolloutOptions, TrainingEngine, spread
+from hoprl.training.rollout import AgentRollout, RolloutOptions, TrainingEngine, spread
 
 
 class VariesOn(SearchR1):

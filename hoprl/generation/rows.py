@@ -1,7 +1,7 @@
 """The rows of the transformers engine's batch: one call's sequences, how each picks its next
 token (grammar mask, then its own sampling), when it ends, and the Generation it returns.
 
-Row-level and free of scheduling: :mod:`services.policy.decoding` drives them.
+Row-level and free of scheduling: :mod:`hoprl.generation.decoding` drives them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.policy.engines import Generation, SamplingParams, find_stop
-from services.policy.streaming import TextStream
+from hoprl.generation.engines import Generation, SamplingParams, find_stop
+from hoprl.generation.streaming import TextStream
 
 log = logging.getLogger("hoprl.policy")
 

@@ -2,7 +2,7 @@
 
 TRL does the optimisation; this module only configures it:
 
-- generation is :class:`~services.trainer.rollout.AgentRollout` (TRL's ``rollout_func``): the
+- generation is :class:`~hoprl.training.rollout.AgentRollout` (TRL's ``rollout_func``): the
   recipe's agent loop against the retriever, with the current weights, and ``env_mask`` = 0 on
   injected tokens, so they never enter the loss;
 - the rewards are the recipe's ``reward_funcs()``, weighted by its ``reward_weights`` (TRL logs each);
@@ -52,8 +52,8 @@ from trl.trainer.utils import nanstd
 from hoprl.agent.trajectory import Episode
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, reward_scaling
-from services.trainer.hardware import accelerator_args
-from services.trainer.rollout import AgentRollout
+from hoprl.training.hardware import accelerator_args
+from hoprl.training.rollout import AgentRollout
 
 log = logging.getLogger("hoprl.trainer")
 

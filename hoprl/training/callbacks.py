@@ -21,8 +21,8 @@
   last. The metric ``attempt`` at every step and ``meta["attempt"]`` on every stored GRPO
   episode say which.
 
-The project's own loops (PPO / DPO in :mod:`services.trainer.offpolicy`, R2AG's rounds in
-:mod:`services.trainer.r2ag_rounds`) write the same layout with :func:`save_loop_checkpoint`
+The project's own loops (PPO / DPO in :mod:`hoprl.training.offpolicy`, R2AG's rounds in
+:mod:`hoprl.training.r2ag_rounds`) write the same layout with :func:`save_loop_checkpoint`
 (weights, tokenizer, ``optimizer.pt``, ``rng_state.pth``, then :data:`STATE_FILE` last, with a
 ``loop`` key naming the loop) and read it back with :func:`load_loop_checkpoint`.
 """

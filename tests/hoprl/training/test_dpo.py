@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from hoprl.agent.trajectory import Episode, Step
 from hoprl.recipes.evo_rag import SIGNALS, EvoRagConfig, episode_step_rewards, step_weights
-from services.trainer.dpo import DPOJobConfig, build_pairs, returns_to_go, sibling_groups, train_dpo
+from hoprl.training.dpo import DPOJobConfig, build_pairs, returns_to_go, sibling_groups, train_dpo
 
 INFO = "\n<information>\nDoc 1 (Title: Acme) Acme was founded by Jane Roe.\n</information>\n"
 

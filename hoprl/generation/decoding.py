@@ -12,7 +12,7 @@ deadline: hence this loop.
 Threads with one torch thread each, so the cores work together when requests are concurrent:
 
 - *prefill* threads (two by default) run each new prompt alone (no padding; rows with equal prompts
-  share one run, and a cached prefix of the prompt is reused: :mod:`services.policy.prefix_cache`),
+  share one run, and a cached prefix of the prompt is reused: :mod:`hoprl.generation.prefix_cache`),
   pick its first token and hand the call's rows over;
 - the *decode* thread merges them into the batch's key/value cache between two steps, decodes one
   token for every row per step, and drops each row the moment it ends. It lets prompts being
@@ -25,7 +25,7 @@ step under 16 concurrent naive-rag clients; this one ~11, and its throughput at 
 Every row keeps its own sampling (temperature, top-p, seed), stop strings, ``max_tokens``,
 deadline, log-probs, streaming sink and grammar matcher (constrained decoding: the tokens that
 would leave the grammar are masked before sampling; see :mod:`hoprl.agent.grammar`). The rows of
-one call join the batch together, so a call decoded alone (:class:`services.policy.agent.Lockstep`'s
+one call join the batch together, so a call decoded alone (:class:`hoprl.generation.lockstep.Lockstep`'s
 rounds) is decoded the same way on every run; a seeded call runs alone, so its output repeats.
 """
 
@@ -44,8 +44,8 @@ from torch.nn import functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from services.policy.prefix_cache import PrefixCache
-from services.policy.rows import Call, Retired, Row, advance, choose, generation
+from hoprl.generation.prefix_cache import PrefixCache
+from hoprl.generation.rows import Call, Retired, Row, advance, choose, generation
 
 log = logging.getLogger("hoprl.policy")
 

@@ -1,0 +1,163 @@
+"""The episode runner's model on a local engine: LLMClient's ``chat()`` without HTTP.
+
+The episode runner (:mod:`hoprl.agent.runner`) talks to a model through ``chat()``;
+:class:`EngineChat` is an adapter with :class:`hoprl.clients.llm.LLMClient`'s signature that calls
+an :class:`~hoprl.generation.engines.Engine` in the process. It restores stop text by the client's
+rule, so an episode run here equals one run against the policy service over HTTP. The policy
+service serves episodes through it; the trainer's rollouts generate through it.
+
+:class:`Constraint` decodes each step under the recipe's action grammar
+(:mod:`hoprl.agent.grammar`): serving only, never rollouts (training must see the policy's own
+mistakes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from anyio import to_thread
+
+from hoprl.agent.grammar import Grammar, Turn, grammar
+from hoprl.clients.llm import Completion, restore_stop
+from hoprl.generation.engines import Engine, Generation, SamplingParams
+
+Messages = list[dict[str, str]]
+_Ask = tuple[Messages, SamplingParams, "asyncio.Future[list[Generation]]"]
+
+
+def completions(gens: list[Generation], stop: list[str], logprobs: bool) -> list[Completion]:
+    """One prompt's generations as LLMClient's completions (stop text restored by its rule)."""
+    usage = {"prompt_tokens": gens[0].prompt_tokens, "completion_tokens": sum(len(g.token_ids) for g in gens)}
+    out = []
+    for g in gens:
+        appended = restore_stop(g.text, g.finish_reason, g.stop_reason, stop)
+        lps = list(zip(g.tokens, g.logprobs, strict=True)) if logprobs and g.logprobs else None
+        out.append(Completion(g.text + (appended or ""), g.finish_reason, appended, lps, usage))
+    return out
+
+
+def sampling_params(
+    stop: list[str], max_tokens: int, temperature: float, top_p: float, seed: int | None, n: int,
+    logprobs: bool, deadline: float | None = None, grammar: str | None = None,
+) -> SamplingParams:  # fmt: skip
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, n=n, stop=tuple(stop),
+                          seed=seed, logprobs=logprobs, deadline=deadline, grammar=grammar)  # fmt: skip
+
+
+#: tokens an information turn is assumed to take before the episode has shown one
+INFORMATION_GUESS = 512
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Serve an episode under its recipe's action grammar (:mod:`hoprl.agent.grammar`).
+
+    Args:
+        recipe: the recipe's name (its grammar family).
+        max_steps: the episode's step cap.
+        step_tokens: the runner's full ``max_tokens`` per step (a call asking for fewer means the
+            runner's token budget is nearly spent).
+        token_budget: the episode's budget of context growth (the runner's ``token_budget``).
+        count: tokens of a chat under the model's template.
+
+    A step may only end the episode (the grammar's *final* turn) when it is the last allowed step,
+    or when the budget could not hold this step, the documents a search would bring (as many
+    tokens as the largest information turn so far) and a closing step after them: otherwise the
+    runner would stop the episode for its budget with no answer.
+    """
+
+    recipe: str
+    max_steps: int
+    step_tokens: int
+    token_budget: int
+    count: Callable[[Messages], int]
+
+    def grammar(
+        self, messages: Messages, step: int, max_tokens: int, grown: int, information: int
+    ) -> Grammar | None:
+        """The grammar of step ``step`` (0-based) after ``messages``, the chat having ``grown`` tokens
+        since its first prompt; None when even the tags do not fit in ``max_tokens`` (that step
+        decodes free and the response says so)."""
+        after = len(messages) >= 2 and messages[-2]["role"] == "assistant"
+        try:
+            final = step + 1 >= self.max_steps or max_tokens < self.step_tokens
+            if not final:
+                normal = grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after, False))
+                closing = grammar(self.recipe, max_tokens=max_tokens, turn=Turn(True, True))
+                final = grown + normal.longest + information + closing.longest > self.token_budget
+                if not final:
+                    return normal
+            return grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after, True))
+        except ValueError:
+            return None
+
+
+def chat_tokens(tokenizer: Any) -> Callable[[Messages], int]:
+    """``count(messages)``: tokens of a chat under ``tokenizer``'s template, as the engine encodes it."""
+
+    def count(messages: Messages) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return count
+
+
+class EngineChat:
+    """``await EngineChat(engine).chat(messages, stop=[...])``: LLMClient's ``chat`` on the local engine.
+
+    Args:
+        deadline: ``time.monotonic()`` after which generation stops (the request's timeout).
+        logprobs: always ask the engine for log-probs (rollouts), whatever the runner asks.
+        constraint: decode each step under the recipe's grammar (serving only; None = free, as
+            rollouts and training always are).
+
+    Every call's generation is kept in ``calls`` (one per runner step, in order) and the name of
+    the grammar it was decoded under in ``grammars`` (None: free).
+    """
+
+    def __init__(
+        self, engine: Engine, deadline: float | None = None, logprobs: bool = False,
+        constraint: Constraint | None = None,
+    ) -> None:  # fmt: skip
+        self.engine, self.deadline, self.logprobs, self.constraint = engine, deadline, logprobs, constraint
+        self.calls: list[Generation] = []
+        self.grammars: list[str | None] = []
+        self.sizes: list[int] = []  # tokens of the chat at each constrained call
+
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        stop: list[str] | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        n: int = 1,
+        logprobs: bool = False,
+    ) -> list[Completion]:
+        stop = list(stop or [])
+        rule = self.rule(messages, max_tokens) if self.constraint else None
+        params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs or self.logprobs,
+                                 self.deadline, rule.lark if rule else None)  # fmt: skip
+        gens = await self.generate(messages, params)
+        self.calls.extend(gens)
+        self.grammars.extend([rule.name if rule else None] * len(gens))
+        return completions(gens, stop, logprobs)
+
+    async def generate(self, messages: Messages, params: SamplingParams) -> list[Generation]:
+        (gens,) = await to_thread.run_sync(self.engine.generate, [messages], params)
+        return gens
+
+    def rule(self, messages: Messages, max_tokens: int) -> Grammar | None:
+        """The constraint's grammar for the next step, from the chat's growth so far."""
+        assert self.constraint is not None
+        self.sizes.append(self.constraint.count(messages))
+        turns = zip(self.sizes, self.sizes[1:], self.calls, strict=False)
+        information = max((after - before - len(g.token_ids) for before, after, g in turns), default=0)
+        grown = self.sizes[-1] - self.sizes[0]
+        step = len(self.calls)
+        return self.constraint.grammar(messages, step, max_tokens, grown, max(information, INFORMATION_GUESS))

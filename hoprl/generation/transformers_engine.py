@@ -1,0 +1,140 @@
+"""The transformers engine: any causal LM on CPU (or a GPU torch sees), continuously batched.
+
+Concurrent calls share one decoding loop (:class:`hoprl.generation.decoding.Batcher`); the engine
+loads, swaps checkpoints and turns each call into the batch's rows (:mod:`hoprl.generation.rows`).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hoprl.generation.engines import Generation, Prompt, SamplingParams
+
+
+class TransformersEngine:
+    """Any causal LM transformers loads, on CPU (or a GPU when torch sees one).
+
+    Concurrent calls share one continuously batched decoding loop
+    (:class:`hoprl.generation.decoding.Batcher`): a call joins the batch as soon as its prompt is
+    prefilled and each row leaves it the moment it ends, whatever the other rows' parameters.
+
+    Args:
+        path: HF id or checkpoint folder.
+        threads: torch threads; 1 decodes fastest on a 2-core machine (2 threads measured 3-5x slower).
+        max_batch: rows (prompts x n) decoded together at most (one call with more runs alone).
+        autocast: decode under bf16 autocast (weights stay in ``dtype``): about 1.1x faster on CPUs
+            with AMX (``bench/precision.py``); the tokens can differ from fp32 decoding at near-ties.
+        prefill_threads: prompts prefilled at once, each on its own thread (and core), beside the
+            decoding thread.
+        prefix_cache: tokens of finished rows kept to skip re-prefilling a chat's earlier turns
+            (:mod:`hoprl.generation.prefix_cache`); 0 = off.
+    """
+
+    constrains = True  # SamplingParams.grammar is enforced (llguidance)
+
+    def __init__(
+        self, path: str, dtype: str = "float32", threads: int = 1, max_batch: int = 16,
+        autocast: bool = False, prefill_threads: int = 2, prefix_cache: int = 32768,
+    ) -> None:  # fmt: skip
+        import torch
+
+        torch.set_num_threads(threads)
+        self.dtype, self.max_batch, self.autocast = dtype, max_batch, autocast
+        self.prefill_threads, self.prefix_cache = prefill_threads, prefix_cache
+        self.lock = threading.Lock()  # guards the swap of model, tokenizer and batcher
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.batcher: Any = None
+        self.model_path = ""
+        self.load(path)
+
+    def load(self, path: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from hoprl.generation.decoding import Batcher
+
+        dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model.eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        batcher = Batcher(
+            model, tokenizer, self.max_batch, self.autocast, self.prefill_threads, self.prefix_cache
+        )
+        with self.lock:  # new calls go to the new weights; calls in flight end on the old ones
+            old, self.batcher = self.batcher, batcher
+            self.model, self.tokenizer, self.model_path = model, tokenizer, path
+        if old is not None:
+            old.retire()
+
+    def close(self) -> None:
+        with self.lock:
+            batcher, self.batcher, self.model = self.batcher, None, None
+        if batcher is not None:
+            batcher.close()
+        gc.collect()
+
+    def encode(self, prompt: Prompt, tokenizer: Any = None) -> list[int]:
+        """Token ids of a raw prompt, or of chat messages under the chat template (ValueError if none)."""
+        tok = tokenizer or self.tokenizer
+        if isinstance(prompt, str):
+            return list(tok(prompt)["input_ids"])
+        if not tok.chat_template:
+            raise ValueError(f"the model {self.model_path!r} has no chat template; use /v1/completions")
+        text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        from hoprl.generation.rows import Retired
+
+        while True:
+            with self.lock:
+                batcher = self.batcher
+            if batcher is None:
+                raise RuntimeError("the engine is closed")
+            call = self._call(batcher, prompts, params)
+            try:
+                batcher.run(call)
+                break
+            except Retired:  # a checkpoint switch between our two lines: encode for the new model
+                continue
+        if call.error is not None:
+            raise call.error
+        results = [row.result for row in call.rows]
+        return [results[i : i + params.n] for i in range(0, len(results), params.n)]
+
+    def _call(self, batcher: Any, prompts: Sequence[Prompt], params: SamplingParams) -> Any:
+        """The rows of one call (encoded, checked against the context, each with its matcher/stream)."""
+        import torch
+
+        from hoprl.generation.rows import Call, Row
+        from hoprl.generation.streaming import TextStream
+
+        tok = batcher.tokenizer
+        encoded = [self.encode(p, tok) for p in prompts]
+        context = batcher.model.config.max_position_embeddings
+        for ids in encoded:
+            if not ids:
+                raise ValueError("the prompt is empty; send at least one token of text")
+            if len(ids) + params.max_tokens > context:
+                raise ValueError(
+                    f"the prompt has {len(ids)} tokens; with max_tokens={params.max_tokens} that exceeds "
+                    f"the model's context of {context} tokens"
+                )
+        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        call = Call(params, generator=generator)
+        for choice, ids in enumerate(ids for ids in encoded for _ in range(params.n)):
+            sink = _sink(params.on_text, choice)
+            stream = sink and TextStream(tok, batcher.eos, params.stop, sink)
+            call.rows.append(Row(call, ids, batcher.matcher(params.grammar), stream))
+        return call
+
+
+def _sink(on_text: Callable[[int, str], None] | None, choice: int) -> Callable[[str], None] | None:
+    """Row ``choice``'s text sink: ``on_text`` with the choice index bound."""
+    return None if on_text is None else lambda text: on_text(choice, text)
