@@ -24,6 +24,9 @@ Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 LrScheduler = Literal["linear", "constant", "cosine"]  # transformers' SchedulerType names
 Preset = Literal["paper", "cpu"]
+Generation = Literal["transformers", "vllm"]
+VllmMode = Literal["colocate", "server"]
+Distributed = Literal["ddp", "zero2", "zero3", "fsdp"]
 
 #: per-recipe training settings from the papers (sources: docs/papers.md), applied to what a request
 #: leaves unset. ``objective`` is the recipe's objective when the request names none
@@ -251,6 +254,34 @@ class Hyperparameters(BaseModel):
     )
     report_to: list[str] = Field(default_factory=list, description="TRL/transformers report_to, e.g. wandb")
     torch_threads: int | None = Field(None, ge=1, description="training threads (decoding always uses 1)")
+    # -- leaving the CPU (docs/gpus.md) ---------------------------------------------------------
+    generation: Generation = Field(
+        "transformers",
+        description="rollout engine: transformers (in the training process; the CPU default) or vllm "
+        "(TRL's vLLM integration; needs CUDA and the gpu extra)",
+    )
+    vllm_mode: VllmMode = Field(
+        "colocate",
+        description="vllm only: colocate (vLLM inside each training process, sharing its GPU) or server "
+        "(a `trl vllm-serve` process on its own GPUs, at vllm_server_url)",
+    )
+    vllm_server_url: str | None = Field(
+        None, description="vllm server mode: the `trl vllm-serve` base URL (default http://127.0.0.1:8000)"
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="vllm colocate: the share of each GPU vLLM may take"
+    )
+    vllm_importance_sampling_correction: bool = Field(
+        True, description="vllm: TRL's truncated importance-sampling correction with vLLM's log-probs"
+    )
+    processes: int = Field(
+        1, ge=1, le=1024, description="training processes (accelerate launch; one per GPU, or CPU/gloo)"
+    )
+    distributed: Distributed | None = Field(
+        None,
+        description="accelerate config for processes > 1: ddp (default), zero2, zero3 (DeepSpeed) or fsdp "
+        "(configs/accelerate/<name>.yaml)",
+    )
 
     def resolved(self, recipe: str, objective: str | None = None) -> Hyperparameters:
         """A copy with every unset field filled (module docstring for the order of the layers).
