@@ -195,6 +195,8 @@ class RunCallback(TrainerCallback):
         self.attempt = current_attempt(args.output_dir)  # numbered by start_attempt before training
         if self.rollout is not None:
             self.rollout.attempt = self.attempt
+        if not state.is_world_process_zero:  # several processes: rank 0 alone writes (distributed.py)
+            return
         if self.curricula.stage is not None and self.registry.current_stage(self.run_id) is None:
             self.registry.start_stage(self.run_id, self.curricula.stage, state.global_step)
         self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.run_id, mininterval=0)
@@ -202,7 +204,7 @@ class RunCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:  # fmt: skip
         metrics = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, int | float)}
-        if "train_runtime" in metrics:  # the end-of-training summary, not a step
+        if "train_runtime" in metrics or not state.is_world_process_zero:  # a summary, or not rank 0
             return
         if self.rollout is not None:
             metrics.update(self.rollout.step_stats)
@@ -217,13 +219,15 @@ class RunCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         totals = getattr(self.rollout, "last_totals", None)
-        if totals:
+        if totals:  # every rank decides on the step's gathered totals; rank 0 records
             switch = self.curricula.on_step(state.global_step, sum(totals) / len(totals))
-            self._record(state.global_step, switch)
+            self._record(state.global_step, switch, state.is_world_process_zero)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = state.global_step
-        self._record(step, self.curricula.on_checkpoint())
+        self._record(step, self.curricula.on_checkpoint(), state.is_world_process_zero)
+        if not state.is_world_process_zero:
+            return
         folder = Path(args.output_dir) / f"checkpoint-{step}"
         payload = {"step": step, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
         (folder / STATE_FILE).write_text(json.dumps(payload, indent=1))
@@ -236,7 +240,7 @@ class RunCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
 
-    def _record(self, step: int, switch: dict[str, Any] | None) -> None:
-        if switch is not None:
+    def _record(self, step: int, switch: dict[str, Any] | None, writer: bool = True) -> None:
+        if switch is not None and writer:
             log.info("stage switch at step %d: %s", step, switch)
             self.registry.record_stage_switch(self.run_id, step, **switch)

@@ -172,24 +172,19 @@ def dpo_trainer(
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from hoprl.training.hardware import accelerator_args
+    from hoprl.training.hardware import common_args
 
     if not pairs:
         raise ValueError("no preference pairs: store more samples per question or lower delta")
     args = DPOConfig(
-        output_dir=str(out_dir),
         beta=config.beta,
         max_steps=config.steps,
         per_device_train_batch_size=config.batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         learning_rate=config.learning_rate,
         max_length=config.max_length,
-        seed=config.seed,
-        report_to=config.report_to,
-        logging_steps=1,
         save_strategy="no",
-        disable_tqdm=True,
-        **accelerator_args(),
+        **common_args(str(out_dir), config.seed, config.report_to),
     )
     columns = ("prompt", "chosen", "rejected")
     dataset = Dataset.from_list([{k: row[k] for k in columns} for row in pairs])

@@ -52,10 +52,13 @@ from trl.trainer.utils import nanstd
 from hoprl.agent.trajectory import Episode
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, reward_scaling
-from hoprl.training.hardware import accelerator_args
+from hoprl.training.hardware import common_args, per_process
 from hoprl.training.rollout import AgentRollout
 
 log = logging.getLogger("hoprl.trainer")
+
+#: where ``trl vllm-serve`` listens by default (server mode without vllm_server_url)
+DEFAULT_VLLM_SERVER = "http://127.0.0.1:8000"
 
 
 def k2_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
@@ -204,12 +207,12 @@ def grpo_config(
     every reward function, including EVO-RAG's and R2AG's logging-only per-signal rewards.
     """
     return GRPOConfig(
-        output_dir=output_dir,
         reward_weights=reward_weights,
         max_steps=steps,
         learning_rate=hp.learning_rate or 1e-5,
         lr_scheduler_type=hp.lr_scheduler,
-        per_device_train_batch_size=hp.questions_per_step * hp.num_generations,
+        # the step's global batch (questions_per_step groups), split over the job's processes
+        per_device_train_batch_size=per_process(hp.questions_per_step * hp.num_generations, hp.processes),
         num_generations=hp.num_generations,
         gradient_accumulation_steps=1,
         steps_per_generation=1,
@@ -220,17 +223,35 @@ def grpo_config(
         epsilon_high=hp.epsilon_high,
         max_completion_length=hp.token_budget,
         temperature=hp.temperature,
-        logging_steps=1,
         save_strategy="steps",
         save_steps=hp.save_steps,
-        report_to=hp.report_to or "none",
-        seed=seed,
-        data_seed=seed,
-        **accelerator_args(),
-        disable_tqdm=True,
-        dataloader_num_workers=0,
         remove_unused_columns=False,
+        **vllm_args(hp),
+        **common_args(output_dir, seed, hp.report_to),
     )
+
+
+def vllm_args(hp: Hyperparameters) -> dict[str, Any]:
+    """TRL's vLLM settings for ``generation: vllm`` (none for the transformers engine).
+
+    ``colocate`` runs vLLM inside each training process on its GPU (``vllm_gpu_memory_utilization``
+    of it); ``server`` sends generation to a ``trl vllm-serve`` process at ``vllm_server_url``. TRL
+    pushes the new weights to vLLM after every optimizer step either way, and with
+    ``vllm_importance_sampling_correction`` reweights the loss by the ratio of the trainer's
+    log-probs to vLLM's (which the rollout returns for the policy's tokens).
+    """
+    if hp.generation != "vllm":
+        return {}
+    args: dict[str, Any] = {
+        "use_vllm": True,
+        "vllm_mode": hp.vllm_mode,
+        "vllm_importance_sampling_correction": hp.vllm_importance_sampling_correction,
+    }
+    if hp.vllm_mode == "colocate":
+        args["vllm_gpu_memory_utilization"] = hp.vllm_gpu_memory_utilization
+    else:
+        args["vllm_server_base_url"] = hp.vllm_server_url or DEFAULT_VLLM_SERVER
+    return args
 
 
 def prompts_dataset(questions: list[Question]) -> Dataset:

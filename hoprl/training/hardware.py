@@ -1,4 +1,4 @@
-"""Accelerator settings every TRL config of the trainer shares (SFT, GRPO, DPO).
+"""What every TRL config of the trainer shares (SFT, GRPO, DPO): accelerator and bookkeeping.
 
 bf16 mixed precision (autocast, fp32 master weights) is on with CUDA and on CPUs with AMX, off
 elsewhere; ``HOPRL_BF16=0`` / ``1`` overrides the choice. Measured on SmolLM2-135M, one thread
@@ -32,3 +32,26 @@ def bf16_mixed_precision() -> bool:
 def accelerator_args() -> dict[str, Any]:
     """``use_cpu`` / ``bf16`` for a transformers ``TrainingArguments``."""
     return {"use_cpu": not torch.cuda.is_available(), "bf16": bf16_mixed_precision()}
+
+
+def common_args(output_dir: str, seed: int, report_to: list[str] | str | None) -> dict[str, Any]:
+    """The ``TrainingArguments`` every job's TRL config sets alike: one log line per step, no tqdm
+    of TRL's (the job draws its own bar), data loading in the training process, the job's seed for
+    both model and data, and the accelerator (:func:`accelerator_args`)."""
+    return {
+        "output_dir": output_dir,
+        "logging_steps": 1,
+        "report_to": report_to or "none",
+        "seed": seed,
+        "data_seed": seed,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        **accelerator_args(),
+    }
+
+
+def per_process(batch: int, processes: int) -> int:
+    """A step's global ``batch`` split over ``processes`` (the same global batch whatever N)."""
+    if processes < 1 or batch % processes:
+        raise ValueError(f"a batch of {batch} does not split evenly over {processes} processes")
+    return batch // processes

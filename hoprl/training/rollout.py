@@ -61,7 +61,9 @@ from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.baselines import generated_texts
 from hoprl.schemas import Question
+from hoprl.training import distributed
 from hoprl.training.hardware import bf16_mixed_precision
+from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -174,18 +176,36 @@ class AgentRollout:
         self.pool = list(questions)
         self.by_prompt = {q.question: q for q in self.pool}
         self.reward_funcs = recipe.reward_funcs()
-        self.engine: TrainingEngine | None = None
+        self.engine: TrainingEngine | VllmRolloutEngine | None = None
+        self.trainer: Any = None  # the trainer of the last rollout (evaluate() decodes with its model)
         self.step_stats: dict[str, float] = {}  # rollout_s and episode_stats() of the last step
         self.counts: dict[str, int] = {}
         self.last_totals: list[float] = []
         self.last_episodes: list[Episode] = []
         self.attempt: int | None = None  # the job's attempt (RunCallback), stamped on episodes
 
-    def engine_for(self, trainer: Any) -> TrainingEngine:
+    def engine_for(self, trainer: Any) -> TrainingEngine | VllmRolloutEngine:
+        """The engine rollouts generate with: TRL's vLLM (``generation: vllm``, TRL's ``use_vllm``),
+        else the transformers engine around the live training model."""
+        self.trainer = trainer
+        if getattr(trainer, "use_vllm", False):
+            if not isinstance(self.engine, VllmRolloutEngine):
+                self.engine = VllmRolloutEngine(trainer.vllm_generation, trainer.processing_class)
+            return self.engine
         model = trainer.accelerator.unwrap_model(trainer.model)
-        if self.engine is None or self.engine.model is not model:
+        if not isinstance(self.engine, TrainingEngine) or self.engine.model is not model:
             self.engine = TrainingEngine(model, trainer.processing_class, threads=self.opts.torch_threads)
         return self.engine
+
+    @contextmanager
+    def generating(self, engine: TrainingEngine | VllmRolloutEngine, model: Any) -> Iterator[None]:
+        """Around a rollout: eval mode and decoding threads; vLLM's rounds with the other ranks."""
+        with generation_mode(model, self.opts.torch_threads):
+            if isinstance(engine, VllmRolloutEngine):
+                with engine.rounds():
+                    yield
+            else:
+                yield
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         g = self.opts.num_generations
@@ -196,23 +216,29 @@ class AgentRollout:
         start = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
         step = trainer.state.global_step + 1
-        with generation_mode(model, self.opts.torch_threads):
-            engine = self.engine_for(trainer)  # (the engine sets its thread count; restored after)
+        engine = self.engine_for(trainer)
+        with self.generating(engine, model):
             episodes, questions, per, totals = asyncio.run(
                 self.collect(groups, engine, trainer, weights, step)
             )
         self.step_stats = {"rollout_s": time.perf_counter() - start, **episode_stats(episodes)}
-        self.last_totals, self.last_episodes = totals, episodes
-        if self.attempt is not None:
-            for episode in episodes:
+        # Several processes: every rank rolled out its share; the step's whole set is gathered so
+        # rank 0 stores it once and every rank's curriculum sees the same totals (distributed.py).
+        everything = distributed.gather(list(zip(episodes, per, totals, strict=True)))
+        self.last_totals, self.last_episodes = [t for _, _, t in everything], episodes
+        if self.attempt is not None:  # rank 0's number: it numbered the attempt (start_attempt)
+            for episode, _, _ in everything:
                 episode.meta["attempt"] = self.attempt
-        if self.sink is not None:
-            self.sink(step, episodes, per, totals)
+        if self.sink is not None and distributed.is_main():
+            self.sink(step, [e for e, _, _ in everything], [p for _, p, _ in everything], self.last_totals)
         trajectories = [to_token_trajectory(e, trainer.processing_class) for e in episodes]
+        logprobs = None  # transformers: TRL recomputes the old log-probs itself
+        if isinstance(engine, VllmRolloutEngine):  # vLLM's, for TRL's importance-sampling correction
+            logprobs = [sampling_logprobs(t, e, trainer.processing_class) for t, e in zip(trajectories, episodes, strict=True)]  # fmt: skip # noqa: E501
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
-            "logprobs": None,
+            "logprobs": logprobs,
             "env_mask": [t.mask for t in trajectories],
             "episodes": episodes,
             **question_columns(questions),
@@ -220,25 +246,34 @@ class AgentRollout:
 
     def evaluate(self, questions: Sequence[Question]) -> float:
         """Mean total reward of one episode per question with the current weights (curriculum
-        checks on a dev split); needs one training rollout first (it made the engine)."""
-        if self.engine is None:
+        checks on a dev split); needs one training rollout first (it made the engine).
+
+        Several processes: every rank runs its share of the questions (``rank::world``) and the
+        totals are gathered, so every rank gets the same mean (every rank must call it).
+        """
+        if self.engine is None or self.trainer is None:
             raise RuntimeError("evaluate() runs after the first rollout, which binds the training model")
-        engine = self.engine
+        engine, trainer = self.engine, self.trainer
+        mine = list(questions)[distributed.rank() :: distributed.world_size()]
+        if isinstance(engine, VllmRolloutEngine) and trainer.state.global_step != trainer._last_loaded_step:
+            trainer.vllm_generation.sync_weights()  # the weights of this checkpoint, not the last rollout's
+            trainer._last_loaded_step = trainer.state.global_step
 
         async def run() -> list[Episode]:
             retriever = AsyncRetrieverClient(self.opts.retriever_url)
             try:
                 return await run_episodes(
-                    self.recipe, list(questions), EngineChat(engine), retriever, self.opts.collection,
+                    self.recipe, mine, EngineChat(engine), retriever, self.opts.collection,
                     concurrency=self.opts.concurrency, **self.opts.episode,
                 )  # fmt: skip
             finally:
                 await retriever.aclose()
 
-        with generation_mode(engine.model, self.opts.torch_threads):
+        with self.generating(engine, trainer.accelerator.unwrap_model(trainer.model)):
             episodes = asyncio.run(run())
-        _, totals = score(self.reward_funcs, reward_weights(self.recipe), episodes, list(questions))
-        return sum(totals) / max(len(totals), 1)
+        _, totals = score(self.reward_funcs, reward_weights(self.recipe), episodes, mine)
+        everything = distributed.gather(totals)
+        return sum(everything) / max(len(everything), 1)
 
     def question(self, prompt: Any) -> Question:
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
@@ -246,7 +281,7 @@ class AgentRollout:
             raise KeyError(f"prompt {text[:80]!r} is not a question of the training pool")
         return self.by_prompt[text]
 
-    async def collect(self, groups: list[Question], engine: TrainingEngine, trainer: Any,
+    async def collect(self, groups: list[Question], engine: TrainingEngine | VllmRolloutEngine, trainer: Any,
                       weights: list[float], step: int | None = None) -> tuple[list[Episode], list[Question], list[dict[str, float]], list[float]]:  # fmt: skip # noqa: E501
         """All groups concurrently (the engine batches their decoding), refilling flat groups from
         the plan of optimizer step ``step`` (:meth:`refills`; ``None``: the batch alone keys it)."""
@@ -311,6 +346,7 @@ class AgentRollout:
         eps = await run_episodes(
             self.recipe, [question], chat, retriever, self.opts.collection,
             n_samples=self.opts.num_generations, concurrency=self.opts.concurrency, **self.opts.episode,
+            logprobs=isinstance(chat.engine, VllmRolloutEngine),  # vLLM's, kept for TRL's IS correction
         )  # fmt: skip
         per, totals = score(self.reward_funcs, weights, eps, [question] * len(eps))
         return eps, per, totals

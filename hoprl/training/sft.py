@@ -33,7 +33,7 @@ from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters
-from hoprl.training.hardware import accelerator_args
+from hoprl.training.hardware import common_args, per_process
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -105,28 +105,21 @@ def sft_dataset(episodes: Sequence[Episode], tokenizer: Any, max_length: int | N
 def sft_config(hp: Hyperparameters, steps: int | None, output_dir: str, seed: int) -> SFTConfig:
     """TRL's SFT config: completion-only loss over the pre-tokenized rows."""
     return SFTConfig(
-        output_dir=output_dir,
         max_steps=steps or -1,
         num_train_epochs=hp.sft_epochs,
         # A warm start sees a few dozen to a few hundred expert episodes: at 3e-4, SmolLM2-135M's
         # loss fell from 1.48 to 0.10 in 8 steps of 4 and dev EM from 0 to 25 in 16 (synthetic).
         learning_rate=hp.learning_rate or 3e-4,
         lr_scheduler_type=hp.lr_scheduler,
-        per_device_train_batch_size=hp.questions_per_step,
+        per_device_train_batch_size=per_process(hp.questions_per_step, hp.processes),
         completion_only_loss=True,
         max_length=None,
         # Batches of similar lengths: expert episodes run 400-1300 tokens and each row pads to the
         # longest of its batch (6 steps of 4: 341 s grouped against 367 s random, same data).
         train_sampling_strategy="group_by_length",
-        logging_steps=1,
         save_strategy="steps",
         save_steps=hp.save_steps,
-        report_to=hp.report_to or "none",
-        seed=seed,
-        data_seed=seed,
-        **accelerator_args(),
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        **common_args(output_dir, seed, hp.report_to),
     )
 
 

@@ -27,6 +27,7 @@ from hoprl.generation.model import is_checkpoint
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.errors import ApiError
+from services.trainer.launch import check_machine
 from services.trainer.settings import TrainerSettings
 
 #: a Hugging Face model id: ``org/name``
@@ -124,7 +125,9 @@ def check_limits(request: JobRequest, hp: Hyperparameters, settings: TrainerSett
 
 def admit(request: JobRequest, settings: TrainerSettings, registry: Registry) -> JobRequest:
     """``request`` with its paths checked and made absolute, its sizes within the limits; else 4xx."""
-    check_limits(request, request.hyperparameters.resolved(request.recipe, request.objective), settings)
+    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    check_limits(request, hp, settings)
+    check_machine(request, hp, settings)
     updates = {"dataset": admit_dataset(request.dataset, settings)}
     if request.model is not None:
         updates["model"] = admit_checkpoint(request.model, settings, registry, "model")

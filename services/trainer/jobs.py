@@ -44,6 +44,7 @@ from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
+from hoprl.training import distributed
 from hoprl.training.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
 from hoprl.training.rollout import RolloutOptions
 from services.trainer.settings import TrainerSettings
@@ -147,6 +148,21 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
         trainer.preference.restore(resume)
     # TRL's flow saves every save_steps and at the last step, so a finished job ends on a checkpoint.
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if distributed.world_size() > 1:
+        check_ranks_agree(trainer, registry, run_id, output_dir)
+
+
+def check_ranks_agree(trainer: Any, registry: Registry, run_id: str, output_dir: Path) -> None:
+    """Several processes: every rank must end with the same weights (DDP keeps them equal). Rank 0
+    writes ``ranks.json`` (each rank's digest) and the metric ``ranks/identical_weights``; ranks
+    that drifted fail the job."""
+    digests = distributed.rank_digests(trainer.accelerator.unwrap_model(trainer.model))
+    same = len(set(digests)) == 1
+    if distributed.is_main():
+        (output_dir / "ranks.json").write_text(json.dumps({"digests": digests, "identical": same}, indent=1))
+        registry.log_metrics(run_id, trainer.state.global_step, {"ranks/identical_weights": float(same)})
+    if not same:
+        raise RuntimeError(f"the {len(digests)} ranks ended with different weights: {digests}")
 
 
 def trainer_curricula(trainer: Any) -> Curricula:
@@ -193,7 +209,8 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
             registry.log_metrics(run_id, step, preference.step(episodes))
 
     rollout = AgentRollout(recipe, train, opts, sink=sink)
-    curricula = Curricula(recipe, dev_return=lambda: rollout.evaluate(dev))
+    # EVO-RAG's dev check: rank 0 rolls out the dev split, every rank gets its value (distributed.py)
+    curricula = Curricula(recipe, dev_return=lambda: distributed.on_main(lambda: rollout.evaluate(dev)))
     args = grpo_config(hp, request.objective, request.steps, output_dir, request.seed, reward_weights(recipe))
     # the preference model saves into a checkpoint before RunCallback marks it complete
     callbacks: list[Any] = [PreferenceCallback(preference)] if preference is not None else []

@@ -4,7 +4,9 @@ The registry's ``runs`` table *is* the queue: ``POST /v1/jobs`` inserts a ``queu
 background thread (:class:`JobQueue`) polls every ``poll_interval_s``:
 
 - no worker running -> start ``python -m services.trainer.worker RUN_ID`` for the oldest queued
-  run (stdout/stderr to ``<runs_dir>/<id>/worker.log``, its pid in ``worker.pid``);
+  run, under ``accelerate launch`` when the job asks for several processes
+  (:mod:`services.trainer.launch`; stdout/stderr to ``<runs_dir>/<id>/worker.log``, its pid in
+  ``worker.pid``);
 - the worker exited -> it recorded ``succeeded`` / ``failed`` itself; a worker that died without
   recording anything (killed by a signal, OOM) leaves the run ``running``, so it is queued again
   and resumes from its last checkpoint, at most ``MAX_RESTARTS`` times, then marked failed.
@@ -16,6 +18,7 @@ Cancelling a queued run marks it ``cancelled``; cancelling the running one termi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -26,6 +29,8 @@ import time
 from pathlib import Path
 
 from hoprl.registry.store import Registry
+from hoprl.schemas.trainer import Hyperparameters
+from services.trainer.launch import worker_command
 from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger("hoprl.trainer")
@@ -97,6 +102,9 @@ class JobQueue:
             return False
         if not isinstance(proc, int) and proc.poll() is None:
             return False
+        # The worker leads its own process group: what it started (accelerate's ranks) goes with it,
+        # so a restart never meets ranks of the dead attempt still training.
+        self._kill_job(run_id, proc if isinstance(proc, int) else proc.pid)
         run = self.registry.get_run(run_id)
         if run is not None and run.status == "running":  # died without a word: resume it
             self.restarts[run_id] = self.restarts.get(run_id, 0) + 1
@@ -112,10 +120,13 @@ class JobQueue:
     def _launch(self, run_id: str) -> None:
         folder = self.settings.runs_dir / run_id
         folder.mkdir(parents=True, exist_ok=True)
+        run = self.registry.get_run(run_id)
+        hp = Hyperparameters.model_validate((run.config if run else {}).get("hyperparameters", {}))
+        command = worker_command(self.settings.python or sys.executable, run_id, hp, self.settings)
         with (folder / "worker.log").open("ab") as logfile:
             proc = subprocess.Popen(
-                [self.settings.python or sys.executable, "-m", "services.trainer.worker", run_id],
-                stdout=logfile, stderr=subprocess.STDOUT, env=self.worker_env(), start_new_session=True,
+                command, stdout=logfile, stderr=subprocess.STDOUT, env=self.worker_env(),
+                start_new_session=True,
             )  # fmt: skip
         (folder / "worker.pid").write_text(str(proc.pid))
         self.registry.set_run_status(run_id, "running")
@@ -149,9 +160,19 @@ class JobQueue:
                 return False
             if self.current is not None and self.current[0] == run_id:
                 self._terminate(self.current[1])
+                self._kill_job(run_id, self._pid(run_id) or 0)  # ranks the launcher left behind
                 self.current = None
             self.registry.set_run_status(run_id, "cancelled")
             return True
+
+    def _kill_job(self, run_id: str, pid: int) -> None:
+        """SIGKILL what is left of a job: the worker's process group and its ranks (accelerate's
+        ranks run in sessions of their own, so a dead launcher leaves them running)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        for rank in rank_pids(self.settings.runs_dir / run_id, run_id):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(rank, signal.SIGKILL)
 
     @staticmethod
     def _terminate(proc: subprocess.Popen[bytes] | int) -> None:
@@ -167,6 +188,21 @@ class JobQueue:
             os.killpg(pid, signal.SIGKILL)
         if not isinstance(proc, int):
             proc.wait()
+
+
+def rank_pids(folder: Path, run_id: str) -> list[int]:
+    """The live worker processes of run ``run_id`` that wrote ``rank-N.pid`` in ``folder`` (a pid
+    counts only while its command line still names the run, so a reused pid is never touched)."""
+    found = []
+    for path in folder.glob("rank-*.pid"):
+        try:
+            pid = int(path.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"services.trainer.worker" in cmdline and run_id.encode() in cmdline:
+            found.append(pid)
+    return found
 
 
 def log_path(settings: TrainerSettings, run_id: str) -> Path:

@@ -50,6 +50,13 @@ class TrainerSettings(ServiceSettings):
     torch_threads: int = Field(0, ge=0, description="training threads; 0 = torch default (decoding uses 1)")
     poll_interval_s: float = Field(1.0, gt=0, description="how often the queue looks for work")
     python: str | None = Field(None, description="interpreter for job subprocesses; unset = this one")
+    max_processes: int | None = Field(
+        None, ge=1, description="processes one job may start; unset = one per GPU, or per CPU core"
+    )
+    accelerate_configs: Path = Field(
+        Path(__file__).resolve().parents[2] / "configs" / "accelerate",
+        description="folder of accelerate config files (<distributed>.yaml: zero2, zero3, fsdp)",
+    )
 
     # What a client may name (services.trainer.admission): a JSON list or folders joined by ':'.
     data_roots: Annotated[list[Path], NoDecode] = Field(

@@ -17,6 +17,7 @@ import os
 import sys
 
 from hoprl.registry.store import Registry
+from hoprl.training import distributed
 from hoprl.training.callbacks import start_attempt
 from services.trainer.jobs import run_job
 from services.trainer.settings import TrainerSettings
@@ -32,16 +33,26 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     settings = TrainerSettings()
     run_id = argv[0]
+    main_rank = distributed.is_main()  # several processes (accelerate launch): rank 0 alone writes
+    # torchrun starts each rank in its own session, out of the launcher's process group: the queue
+    # finds the ranks by these files to stop them with their job (services.trainer.queue).
+    folder = settings.runs_dir / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"rank-{distributed.rank()}.pid").write_text(str(os.getpid()))
     with Registry(settings.database_url) as registry:
-        registry.set_run_status(run_id, "running")
+        if main_rank:
+            registry.set_run_status(run_id, "running")
         try:
-            start_attempt(registry, run_id, settings.runs_dir / run_id)
+            if main_rank:
+                start_attempt(registry, run_id, settings.runs_dir / run_id)
             run_job(run_id, settings, registry)
         except Exception as exc:
-            log.exception("run %s failed", run_id)
-            registry.set_run_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+            log.exception("run %s failed (rank %d)", run_id, distributed.rank())
+            if main_rank:
+                registry.set_run_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
             return 1
-        registry.set_run_status(run_id, "succeeded")
+        if main_rank:
+            registry.set_run_status(run_id, "succeeded")
     return 0
 
 
