@@ -11,6 +11,11 @@ alignment, the runner, the retriever over HTTP) runs for real.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +30,7 @@ from hoprl.generation.engines import SamplingParams
 from hoprl.recipes import get_recipe
 from hoprl.schemas import Question
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
+from services.trainer.launch import free_port
 
 
 class GreedyGeneration:
@@ -173,3 +179,20 @@ def test_a_failing_generation_fails_the_rollout_not_hangs_it(tiny_model: str) ->
     engine = VllmRolloutEngine(broken, broken.tokenizer)
     with pytest.raises(RuntimeError, match="unreachable"), engine.rounds():
         engine.generate(["hello"], SamplingParams(max_tokens=4))
+
+
+def test_two_ranks_with_unequal_work_decode_in_the_same_rounds(tiny_model: str, tmp_path: Path) -> None:
+    """TRL's server mode is collective (every rank calls it alike): ranks with 2x2 and 4x3 turns
+    must all finish, in the same number of rounds, each answer the one for its own prompt."""
+    script = Path(__file__).with_name("rounds_ranks.py")
+    out = tmp_path / "result"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(free_port()), str(script), tiny_model, str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["answers"] for r in ranks] == [2 * 2, 4 * 3]
+    assert [r["wrong"] for r in ranks] == [[], []]
+    assert ranks[0]["rounds"] == ranks[1]["rounds"] >= 3  # every rank took part in every round
