@@ -20,7 +20,7 @@
    step's episodes, then one TRL DPO step on all its pairs (no pair with a margin above
    ``pair_delta``: the step is logged with ``pairs = 0`` and no update).
 5. **preference model** (EVO-RAG, ``preference_model`` on): one
-   :meth:`~hoprl.training.preference.PreferenceLearner.step` on the step's sibling pairs; its
+   :meth:`~hoprl.training.preference_learning.PreferenceLearner.step` on the step's sibling pairs; its
    ``preference/*`` metrics (held-back ``preference/eval_accuracy``) join the step's metrics.
 
 The policy, the optimizer (and PPO's value head, DPO's frozen reference = the starting weights)
@@ -63,7 +63,7 @@ from hoprl.training.ppo import (
     ppo_step,
     save_critic,
 )
-from hoprl.training.preference import preference_learner
+from hoprl.training.preference_learning import preference_learner
 from hoprl.training.rollout import (
     AgentRollout,
     RolloutOptions,

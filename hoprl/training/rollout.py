@@ -251,13 +251,17 @@ class AgentRollout:
         Several processes: every rank runs its share of the questions (``rank::world``) and the
         totals are gathered, so every rank gets the same mean (every rank must call it).
         """
-        if self.engine is None or self.trainer is None:
+        if self.engine is None:
             raise RuntimeError("evaluate() runs after the first rollout, which binds the training model")
         engine, trainer = self.engine, self.trainer
         mine = list(questions)[distributed.rank() :: distributed.world_size()]
-        if isinstance(engine, VllmRolloutEngine) and trainer.state.global_step != trainer._last_loaded_step:
-            trainer.vllm_generation.sync_weights()  # the weights of this checkpoint, not the last rollout's
-            trainer._last_loaded_step = trainer.state.global_step
+        if isinstance(engine, VllmRolloutEngine):
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            if trainer.state.global_step != trainer._last_loaded_step:  # this checkpoint's weights
+                trainer.vllm_generation.sync_weights()
+                trainer._last_loaded_step = trainer.state.global_step
+        else:
+            model = engine.model
 
         async def run() -> list[Episode]:
             retriever = AsyncRetrieverClient(self.opts.retriever_url)
@@ -269,7 +273,7 @@ class AgentRollout:
             finally:
                 await retriever.aclose()
 
-        with self.generating(engine, trainer.accelerator.unwrap_model(trainer.model)):
+        with self.generating(engine, model):
             episodes = asyncio.run(run())
         _, totals = score(self.reward_funcs, reward_weights(self.recipe), episodes, mine)
         everything = distributed.gather(totals)

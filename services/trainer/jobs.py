@@ -197,7 +197,7 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
 
         return R2agRounds(request, hp, recipe, model, tokenizer, train, opts, registry, run_id, output_dir)
     from hoprl.training.grpo import build_grpo, grpo_config
-    from hoprl.training.preference import PreferenceCallback, preference_learner
+    from hoprl.training.preference_learning import PreferenceCallback, preference_learner
     from hoprl.training.rollout import AgentRollout
 
     preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1 reward model

@@ -16,16 +16,15 @@ from hoprl.schemas import Question
 from hoprl.training.preference import (
     Item,
     PreferenceConfig,
-    PreferenceLearner,
     PreferenceModel,
     headwise_loss,
-    make_reward_func,
     pairwise_accuracy,
     preference_pairs,
     return_accuracy,
     return_headwise_loss,
     train_preference,
 )
+from hoprl.training.preference_learning import PreferenceLearner, make_reward_func
 
 # Signal k of a synthetic text is 1 when WORDS[k] occurs in it: every head has something to learn.
 WORDS = ("apple", "river", "guitar", "planet", "copper", "violet", "tiger")
