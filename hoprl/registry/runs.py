@@ -6,7 +6,7 @@ changes; an owned registry creates and moves only its own kind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -84,22 +84,41 @@ class RunRecords(RegistryBase):
     def claim_run(self, run_id: str) -> RunRow | None:
         """Move run ``run_id`` from ``queued`` to ``running`` if it is still queued; None if not.
 
-        One conditional UPDATE, so of two claimers at once exactly one gets the run: on
-        PostgreSQL the second waits for the first's row lock, then finds the run no longer
-        queued. (``get_run`` then ``set_run_status`` is not a claim: both claimers read "queued".)
+        Of two claimers at once exactly one gets the run (:meth:`transition_run`); ``get_run``
+        then ``set_run_status`` is not a claim: both claimers read "queued".
         """
+        queued: tuple[RunStatus, ...] = ("queued",)
+        return self.transition_run(run_id, "running", queued)
+
+    def transition_run(
+        self, run_id: str, status: RunStatus, only_from: Collection[RunStatus], error: str | None = None
+    ) -> RunRow | None:
+        """Move a run to ``status`` only if its status is one of ``only_from``, else return None.
+
+        One conditional UPDATE: on PostgreSQL a second writer waits for the first's row lock,
+        then re-reads the status, so a status written in between is never overwritten (e.g. a
+        cancel ``transition_run(id, "cancelled", ("queued", "running"))`` after the worker
+        recorded "succeeded" changes nothing). Stamps like :meth:`set_run_status`.
+        """
+        if status not in RUN_STATUSES:
+            raise ValueError(f"unknown run status {status!r}; valid: {', '.join(RUN_STATUSES)}")
+        values: dict[str, Any] = {"status": status, "error": error}
+        if status == "running":
+            values["started_at"] = func.coalesce(RunRow.started_at, utcnow())
+        if status in TERMINAL_STATUSES:
+            values["finished_at"] = utcnow()
         with self._transaction() as s:
             kind = s.scalar(select(RunRow.kind).where(RunRow.id == run_id))
             if kind is None:
                 return None
             check_owner(self.owner, "runs", RUN_OWNER[kind], f"run {run_id!r}")
-            claim = (
+            moved = (
                 update(RunRow)
-                .where(RunRow.id == run_id, RunRow.status == "queued")
-                .values(status="running", error=None, started_at=func.coalesce(RunRow.started_at, utcnow()))
+                .where(RunRow.id == run_id, RunRow.status.in_(list(only_from)))
+                .values(values)
                 .returning(RunRow.id)
             )
-            if s.execute(claim).first() is None:
+            if s.execute(moved).first() is None:
                 return None
             return s.get_one(RunRow, run_id, populate_existing=True)
 
