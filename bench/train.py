@@ -412,7 +412,7 @@ def main() -> None:
     start = time.perf_counter()
     with (
         retriever_url(args) as url,
-        Registry(f"sqlite:///{args.out / 'registry.db'}") as reg,
+        Registry(f"sqlite:///{args.out / 'registry.db'}", owner="trainer") as reg,
     ):
         settings = TrainerSettings(runs_dir=args.out / "runs", retriever_url=url, torch_threads=args.threads)
         result = COMMANDS[args.command](args, reg, settings)

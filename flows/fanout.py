@@ -121,7 +121,7 @@ def use_eager(eager: bool = True) -> None:
 
 #: the registry at ``$HOPRL_DATABASE_URL`` as it is now, one open per worker process and URL (a
 #: cache keyed on the first URL once wrote a unit into another test's database)
-registry = from_environment
+registry = functools.partial(from_environment, "flows")
 
 
 @functools.cache

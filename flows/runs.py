@@ -16,6 +16,7 @@ ledger and skips every marked stage, so a killed pipeline resumes where it stopp
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -30,7 +31,7 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 #: the registry at ``$HOPRL_DATABASE_URL``, one open per URL and process
-registry = from_environment
+registry = functools.partial(from_environment, "flows")
 
 
 def runs_dir() -> Path:

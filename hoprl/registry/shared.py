@@ -1,7 +1,8 @@
 """The registry a process shares: the one at ``$HOPRL_DATABASE_URL`` as it is now.
 
-One open :class:`Registry` per URL and process (opening one runs the schema migrations). The URL
-is read on every call, so a registry opened under one URL never serves another.
+One open :class:`Registry` per URL, owner and process (opening one runs the schema migrations).
+The URL is read on every call, so a registry opened under one URL never serves another. The flows
+and their Celery fan-out open theirs with ``from_environment("flows")``.
 """
 
 from __future__ import annotations
@@ -9,17 +10,19 @@ from __future__ import annotations
 import functools
 import os
 
+from hoprl.registry.ownership import Owner
 from hoprl.registry.store import Registry
 
 
 @functools.cache
-def _open(url: str | None) -> Registry:
-    return Registry(url)
+def _open(url: str | None, owner: Owner) -> Registry:
+    return Registry(url, owner=owner)
 
 
-def from_environment() -> Registry:
-    """The registry at ``$HOPRL_DATABASE_URL`` (default: the SQLite file ``.hoprl/registry.db``)."""
-    return _open(os.environ.get("HOPRL_DATABASE_URL"))
+def from_environment(owner: Owner) -> Registry:
+    """The registry at ``$HOPRL_DATABASE_URL`` (default: the SQLite file ``.hoprl/registry.db``),
+    writing as ``owner``: only that owner's records (see :mod:`hoprl.registry.ownership`)."""
+    return _open(os.environ.get("HOPRL_DATABASE_URL"), owner)
 
 
 def forget() -> None:

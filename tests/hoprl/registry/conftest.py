@@ -57,3 +57,10 @@ def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL
 def registry(registry_url: URL) -> Iterator[Registry]:
     with Registry(registry_url) as reg:
         yield reg
+
+
+@pytest.fixture
+def postgres_url(pg_url: URL) -> Iterator[URL]:
+    """The session's PostgreSQL database, emptied after the test (tests of concurrent writers)."""
+    yield pg_url
+    _empty_tables(pg_url)

@@ -64,6 +64,28 @@ def test_create_run_is_idempotent_and_status_is_stamped(registry: Registry) -> N
         registry.set_run_status("nope", "running")
 
 
+def test_transition_run_moves_only_from_the_expected_statuses(registry: Registry) -> None:
+    """A compare-and-set: a cancel arriving after the worker recorded "succeeded" changes nothing
+    (``set_run_status`` would overwrite it), and a queued run is claimed once."""
+    make_run(registry)
+    claimed = registry.claim_run(RUN)
+    assert claimed is not None and claimed.status == "running" and claimed.started_at is not None
+    assert registry.claim_run(RUN) is None and registry.claim_run("missing") is None
+    registry.set_run_status(RUN, "succeeded")
+    assert registry.transition_run(RUN, "cancelled", ("queued", "running")) is None
+    run = registry.get_run(RUN)
+    assert run is not None and run.status == "succeeded"
+    failed = registry.transition_run(RUN, "failed", ("succeeded",), error="late check failed")
+    assert failed is not None and (failed.status, failed.error) == ("failed", "late check failed")
+    assert failed.started_at == claimed.started_at and failed.finished_at is not None
+    make_run(registry, "run-2")
+    registry.create_run("job-1", recipe="arena", objective="grpo", model="m", config={}, seed=0, kind="job")
+    assert registry.claim_next("pipeline").id == "run-2"  # type: ignore[union-attr]
+    assert registry.claim_next() is not None and registry.claim_next() is None  # default: jobs
+    with pytest.raises(ValueError, match="unknown run status 'done'"):
+        registry.transition_run(RUN, "done", ("failed",))  # type: ignore[arg-type]
+
+
 def test_list_runs_filters(registry: Registry) -> None:
     make_run(registry, "a", recipe="arena")
     make_run(registry, "b", recipe="r2ag")
