@@ -22,7 +22,7 @@ def create_app(settings: TrainerSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.registry = Registry(settings.database_url)
+        app.state.registry = Registry(settings.database_url, owner="trainer")
         app.state.queue = JobQueue(settings, app.state.registry)
         app.state.queue.start()
         try:

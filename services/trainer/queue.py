@@ -91,9 +91,13 @@ class JobQueue:
             if self.current is not None and not self._finished():
                 return
             self.current = None
-            queued = self.registry.list_runs(status="queued", limit=1000, kind="job")
-            if queued:
-                self._launch(min(queued, key=lambda r: r.created_at).id)
+            claimed = self.registry.claim_next("job")  # atomic: two trainers never launch one job
+            if claimed is not None:
+                try:
+                    self._launch(claimed.id)
+                except Exception:
+                    self.registry.set_run_status(claimed.id, "queued")  # the next tick tries again
+                    raise
 
     def _finished(self) -> bool:
         assert self.current is not None
@@ -162,8 +166,8 @@ class JobQueue:
                 self._terminate(self.current[1])
                 self._kill_job(run_id, self._pid(run_id) or 0)  # ranks the launcher left behind
                 self.current = None
-            self.registry.set_run_status(run_id, "cancelled")
-            return True
+            # unless the worker recorded its end meanwhile: a finished run keeps its status
+            return self.registry.transition_run(run_id, "cancelled", ("queued", "running")) is not None
 
     def _kill_job(self, run_id: str, pid: int) -> None:
         """SIGKILL what is left of a job: the worker's process group and its ranks (accelerate's

@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     folder = settings.runs_dir / run_id
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"rank-{distributed.rank()}.pid").write_text(str(os.getpid()))
-    with Registry(settings.database_url) as registry:
+    with Registry(settings.database_url, owner="trainer") as registry:
         if main_rank:
             registry.set_run_status(run_id, "running")
         try:

@@ -195,11 +195,6 @@ class LockstepRegistry(Registry):
         return runs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="services/trainer/queue.py claims a job with list_runs + set_run_status('running'): two "
-    "queues on one database both launch it; JobQueue.tick should call Registry.claim_next()",
-)
 def test_two_job_queues_launch_a_queued_job_once(postgres_url: URL, tmp_path: Path) -> None:
     from services.trainer.queue import JobQueue
     from services.trainer.settings import TrainerSettings
