@@ -79,7 +79,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _validate(data: dict[str, Any], where: str) -> JobRequest:
+def validate_request(data: dict[str, Any], where: str) -> JobRequest:
+    """``data`` as a :class:`JobRequest`; :class:`ConfigError` naming ``where`` and each bad key."""
     try:
         return JobRequest.model_validate(data)
     except ValidationError as exc:
@@ -94,12 +95,12 @@ def load_config(path: str | Path, small: bool = False) -> JobRequest:
     """
     data = read_config(path)
     overrides = data.pop(SMALL, None) or {}
-    request = _validate(data, f"config {path}")
+    request = validate_request(data, f"config {path}")
     if not small:
         return request
     if not overrides:
         raise ConfigError(f"config {path} has no `{SMALL}:` section; --small needs one")
-    return _validate(merge(data, overrides), f"config {path}, with its `{SMALL}:` overrides")
+    return validate_request(merge(data, overrides), f"config {path}, with its `{SMALL}:` overrides")
 
 
 def set_fields(request: JobRequest) -> dict[str, Any]:
