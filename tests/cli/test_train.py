@@ -13,6 +13,7 @@ import pytest
 
 from cli import pipeline as pipeline_cli
 from cli.main import app
+from cli.train import follow
 from hoprl.clients.trainer import TrainerClient
 from hoprl.configs import load_config
 from hoprl.registry.store import Registry
@@ -78,6 +79,7 @@ def test_train_small_submits_the_configs_cpu_job(
         assert (resolved["generation"], resolved["processes"], resolved["num_generations"]) == ("vllm", 8, 5)
         for job in client.list():
             assert client.cancel(job.id).status == "cancelled"
+        assert follow(client, created["id"]).status == "cancelled"  # what --wait returns at the end
 
 
 def test_train_reports_a_refused_job_and_a_bad_config(
