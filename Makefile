@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help
+.PHONY: venv run ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
 
 help:
 	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baseline, SFT, GRPO, final eval (~15 min)"
@@ -21,6 +21,7 @@ help:
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
 	@echo "make fuzz     fuzz all four services, FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) cases per operation and mode (~2 h)"
 	@echo "make lint     ruff + mypy"
+	@echo "make check-gpu-extra  does .[gpu] (vLLM, DeepSpeed) resolve with the pinned torch and TRL? (pip dry run)"
 	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
 	@echo "make openapi  write each service's OpenAPI spec to openapi/"
 	@echo "make up       docker compose up (PROFILE=gpu by default, PROFILE=cpu without a GPU)"
@@ -73,6 +74,13 @@ fuzz: venv services
 		-k test_no_server_errors tests/services/retriever/test_fuzz.py tests/services/judge/test_fuzz.py \
 		tests/services/trainer/test_fuzz.py tests/services/policy/test_fuzz.py; \
 		status=$$?; cat $(FUZZ_REPORT); exit $$status
+
+# A pip dry run of torch==<pinned> + .[gpu]: metadata only, nothing installed, so it runs on a CPU.
+# Exit 0 resolves, 1 a conflict, 75 the package index unreachable (no verdict; CHECK_GPU_EXTRA_ARGS=
+# --offline-ok turns that into a warning). infra/check_gpu_extra.py says more.
+CHECK_GPU_EXTRA_ARGS ?=
+check-gpu-extra: venv
+	$(BIN)/python infra/check_gpu_extra.py $(CHECK_GPU_EXTRA_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

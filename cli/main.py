@@ -6,6 +6,7 @@ Examples::
     hoprl eval-retrieval --data ../shared/data/hotpotqa_dev.jsonl --mode hybrid --k 2 5 10
     hoprl synth --seed 0 --out data/synthetic
     hoprl reward --recipe evo-rag episode.json
+    hoprl train --config configs/search-r1.yaml --small --wait
 """
 
 from __future__ import annotations
@@ -293,6 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pipeline_cli.add_arguments(pipe)
     pipe.set_defaults(func=pipeline_cli.main)
+
+    from cli import train as train_cli
+
+    train = sub.add_parser(
+        "train",
+        help="submit a config's job (configs/*.yaml) to a running trainer service",
+        description="Submit the job a config file describes (configs/<paper>.yaml: the paper's "
+        "settings on GPUs; --small: its toy CPU run) to a trainer service, and with --wait follow "
+        "it to its end. Options given here win over the file's values. GPUs: docs/gpus.md.",
+    )
+    train_cli.add_arguments(train)
+    train.set_defaults(func=train_cli.main)
 
     rew = sub.add_parser(
         "reward",

@@ -11,6 +11,7 @@ terminal shows a line per stage and each trainer job's step / total, reward and 
     hoprl pipeline --small                              # synthetic world, SmolLM2-135M, when-to-search
     hoprl pipeline --small --dataset ../shared/data/hotpotqa_dev.jsonl --steps 40
     hoprl pipeline --recipe r2ag --model Qwen/Qwen2.5-3B   # the paper's settings (a GPU machine)
+    hoprl pipeline --config configs/r2ag.yaml --small       # a config's toy CPU run (configs/*.yaml)
     hoprl pipeline --run-id when-to-search-1a2b3c4d      # resume a run that was stopped
 """
 
@@ -119,12 +120,23 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
+#: what the command runs when neither an option nor a --config sets it
+DEFAULTS: dict[str, Any] = {"dataset": "synthetic", "recipe": "when-to-search", "steps": 24, "seed": 0}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hoprl pipeline`` (for :mod:`cli.main`)."""
+    """The options of ``hoprl pipeline`` (for :mod:`cli.main`). Options that a ``--config`` file can
+    set default to None here, so an option given explicitly wins over the file (:data:`DEFAULTS`)."""
     parser.add_argument(
-        "--dataset", default="synthetic", help="synthetic[:SEED[:MAX_HOPS]], a JSONL path, or a hub name"
+        "--config",
+        default=None,
+        help="a job config (configs/<paper>.yaml): its recipe, objective, model, dataset, steps, seed and "
+        "hyperparameters feed the run; the options given here win",
     )
-    parser.add_argument("--recipe", default="when-to-search")
+    parser.add_argument(
+        "--dataset", default=None, help="synthetic[:SEED[:MAX_HOPS]], a JSONL path, or a hub name"
+    )
+    parser.add_argument("--recipe", default=None, help=f"default {DEFAULTS['recipe']}")
     parser.add_argument(
         "--objective",
         default=None,
@@ -133,19 +145,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--preset",
-        default="paper",
+        default=None,
         choices=["paper", "cpu"],
-        help="paper: the papers' training settings; cpu: their sizes scaled down to two CPU cores",
+        help="paper (default): the papers' training settings; cpu: their sizes scaled down to two CPU cores",
     )
     parser.add_argument(
         "--small",
-        dest="preset",
-        action="store_const",
-        const="cpu",
-        help="the cpu preset (make run): 2 questions x 4 samples a step, 4 turns of 64 tokens",
+        action="store_true",
+        help="the cpu preset (make run): 2 questions x 4 samples a step, 4 turns of 64 tokens; with "
+        "--config, also the config's small: section",
     )
     parser.add_argument("--model", default=None, help="HF id or folder; default: bundled SmolLM2-135M")
-    parser.add_argument("--steps", type=int, default=24, help="RL optimizer steps in all")
+    parser.add_argument(
+        "--steps", type=int, default=None, help=f"RL optimizer steps in all (default {DEFAULTS['steps']})"
+    )
     parser.add_argument(
         "--segments", type=int, default=4, help="trainer jobs; dev check + curriculum between"
     )
@@ -159,37 +172,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baselines", nargs="*", default=["naive-rag"], help="recipes on the untrained model"
     )
     parser.add_argument("--run-id", default=None, help="resume this run (default: a new run)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--hyperparameters", type=json.loads, default=None, help="JSON, e.g. '{\"learning_rate\": 1e-5}'"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
+def config_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`run_pipeline` arguments a ``--config`` file sets (none without one).
+
+    The file's ``recipe_config`` and ``preset`` become the flow's own parameters of those names;
+    the other hyperparameters go to every trainer job of the run.
+    """
+    if not args.config:
+        return {}
+    from hoprl.configs import load_config, set_fields
+
+    fields = set_fields(load_config(args.config, small=args.small))
+    options: dict[str, Any] = {
+        k: fields[k] for k in ("recipe", "objective", "model", "dataset", "steps", "seed") if k in fields
+    }
+    hyperparameters = fields.get("hyperparameters", {})
+    for key in ("recipe_config", "preset"):
+        if key in hyperparameters:
+            options[key] = hyperparameters.pop(key)
+    return options | {"hyperparameters": hyperparameters}
+
+
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The :func:`run_pipeline` arguments the command's options stand for."""
-    return dict(
-        dataset=args.dataset,
-        recipe=args.recipe,
-        objective=args.objective,
-        model=args.model,
-        steps=args.steps,
-        run_id=args.run_id,
-        segments=args.segments,
-        sft_steps=args.sft_steps,
-        eval_limit=args.eval_limit,
-        dev_limit=args.dev_limit,
-        limit=args.limit,
-        baselines=args.baselines,
-        seed=args.seed,
-        hyperparameters=args.hyperparameters,
-        preset=args.preset,
-    )
+    """The :func:`run_pipeline` arguments the command's options stand for: an option given
+    explicitly, else the ``--config`` file's value, else :data:`DEFAULTS`. ``--hyperparameters``
+    merges into the file's key by key."""
+    from hoprl.configs import merge
+
+    config = config_options(args)
+    explicit = {
+        key: value
+        for key in ("dataset", "recipe", "objective", "model", "steps", "seed", "preset")
+        if (value := getattr(args, key)) is not None
+    }
+    if args.small:
+        explicit["preset"] = "cpu"
+    hyperparameters = merge(config.pop("hyperparameters", {}), args.hyperparameters or {}) or None
+    return {
+        **DEFAULTS,
+        "objective": None,
+        "model": None,
+        "preset": "paper",
+        **config,
+        **explicit,
+        "hyperparameters": hyperparameters,
+        "run_id": args.run_id,
+        "segments": args.segments,
+        "sft_steps": args.sft_steps,
+        "eval_limit": args.eval_limit,
+        "dev_limit": args.dev_limit,
+        "limit": args.limit,
+        "baselines": args.baselines,
+    }
 
 
 def main(args: argparse.Namespace) -> int:
     """The body of ``hoprl pipeline``: run, then print the summary (stdout)."""
-    summary = run_pipeline(**pipeline_options(args))
+    from hoprl.configs import ConfigError
+
+    try:
+        options = pipeline_options(args)
+    except ConfigError as exc:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        return 2
+    summary = run_pipeline(**options)
     print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
     return 0
 

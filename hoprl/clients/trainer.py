@@ -28,9 +28,16 @@ class TrainerClient(ServiceClient):
         super().__init__(base_url, timeout, **kwargs)
 
     def submit(self, request: JobRequest | dict[str, Any]) -> JobCreated:
-        """Queue a job; a dict is validated by the service (4xx raises :class:`ServiceError`)."""
+        """Queue a job; a dict is validated by the service (4xx raises :class:`ServiceError`).
+
+        A :class:`JobRequest` is sent with the fields it was given only: a field left out must stay
+        out, so the trainer fills it from the preset and the paper (``Hyperparameters.resolved``)
+        instead of taking the generic default as an explicit value.
+        """
         body = (
-            request.model_dump(mode="json", exclude_none=True) if isinstance(request, JobRequest) else request
+            request.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+            if isinstance(request, JobRequest)
+            else request
         )
         return JobCreated.model_validate(_check(self.http.post("/v1/jobs", json=body)))
 

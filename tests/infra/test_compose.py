@@ -113,7 +113,7 @@ def option(command: list[str], flag: str) -> str:
 def listens_on(name: str) -> int:
     if served(name):
         return int(option(SERVICES[name]["command"], "--port"))
-    if name == "prefect-server":
+    if name in ("prefect-server", "vllm-serve"):
         return int(option(SERVICES[name]["command"], "--port"))
     return IMAGE_PORTS[name]
 
@@ -224,7 +224,11 @@ def test_every_profile_runs_each_service_once_and_urls_resolve(profile: str) -> 
 def test_the_gpu_profile_reserves_gpus_and_the_cpu_profile_none() -> None:
     for name, service in SERVICES.items():
         devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-        if "gpu" in service.get("profiles", []):
+        if name == "vllm-serve":  # a GPU of its own, by id: not the one `count: 1` gives the others
+            (device,) = devices
+            assert interpolate(device["device_ids"][0], {}) == "1" and device["capabilities"] == ["gpu"]
+            assert service["image"] == "hoprl:gpu"
+        elif "gpu" in service.get("profiles", []):
             assert service["image"] == "hoprl:gpu", name
             assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}], name
         else:
@@ -232,6 +236,33 @@ def test_the_gpu_profile_reserves_gpus_and_the_cpu_profile_none() -> None:
     assert environment("policy")["POLICY_ENGINE"] == "vllm"
     assert environment("policy-cpu")["POLICY_ENGINE"] == "transformers"
     assert all(SERVICES[n]["image"] == "hoprl:cpu" for n in active("cpu") if "build" in SERVICES[n])
+
+
+def test_the_file_validates_against_the_compose_specification() -> None:
+    """The official Compose Specification schema (../shared/schemas), the one `docker compose config`
+    enforces; the checks above add what a schema cannot say."""
+    import jsonschema
+
+    path = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
+    if not path.exists():
+        pytest.skip(f"{path} not found (../shared sits beside the repository in CI)")
+    schema = json.loads(path.read_text())
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(COMPOSE), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+
+
+def test_vllm_serve_serves_a_configs_model_where_the_trainer_looks() -> None:
+    """TRL's generation server for vllm_mode "server" jobs: docs/gpus.md gives jobs its URL, its
+    default model is a shipped config's, and its healthcheck asks the /health route TRL's client polls."""
+    service = SERVICES["vllm-serve"]
+    assert service["profiles"] == ["gpu"] and service["entrypoint"] == ["trl"]
+    command = [interpolate(str(a), {}) for a in service["command"]]
+    assert command[0] == "vllm-serve"
+    port = int(option(command, "--port"))
+    assert f"http://vllm-serve:{port}" in (ROOT / "docs" / "gpus.md").read_text()
+    models = {yaml.safe_load(p.read_text())["model"] for p in (ROOT / "configs").glob("*.yaml")}
+    assert option(command, "--model") in models
+    assert f"http://127.0.0.1:{port}/health'" in " ".join(service["healthcheck"]["test"])
 
 
 def test_named_volumes_are_declared_and_used() -> None:
@@ -388,7 +419,7 @@ def tool_commands() -> list[list[str]]:
     argvs = [
         [*s["entrypoint"], *s["command"]]
         for s in SERVICES.values()
-        if s.get("entrypoint") in (["prefect"], ["celery"])
+        if s.get("entrypoint") in (["prefect"], ["celery"], ["trl"])
     ]
     for part in re.split(r"&&|\|\|", SERVICES["prefect-deploy"]["command"][0]):
         argvs.append(shlex.split(part.strip(" ()").split(">")[0]))
@@ -410,6 +441,7 @@ def test_overridden_entrypoints_exist_and_take_the_options_compose_gives() -> No
     assert {tuple(a[:3]) for a, _ in procs} >= {
         ("prefect", "server", "start"),
         ("prefect", "worker", "start"),
+        ("trl", "vllm-serve", "--model"),
     }
     for argv, proc in procs:
         out, _ = proc.communicate(timeout=60)

@@ -1,0 +1,166 @@
+"""configs/: every paper's job config validates at its paper size and with --small, the small run
+really is a CPU run, every value carries its source, the loader's errors name the file and the key,
+and the accelerate configs are ones `accelerate launch --config_file` accepts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from hoprl.configs import SMALL, ConfigError, load_config, merge, read_config
+from hoprl.recipes import get_recipe
+from hoprl.schemas.trainer import CPU_PRESET, Distributed, Hyperparameters
+from services.trainer.admission import check_limits
+from services.trainer.settings import TrainerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+PAPERS = ["arena", "eval-rar", "evo-rag", "r2ag", "search-r1", "when-to-search"]
+#: the model families the papers name (docs/papers.md); configs pick one size of them
+MODELS = {"Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"}
+GPU_FIELDS = ("generation", "vllm_mode", "vllm_gpu_memory_utilization", "processes", "distributed")
+
+
+def config(name: str) -> Path:
+    return CONFIGS / f"{name}.yaml"
+
+
+def test_there_is_one_config_per_paper() -> None:
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == PAPERS
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_the_paper_size_config_is_a_gpu_job_the_trainer_admits(name: str) -> None:
+    request = load_config(config(name))
+    assert request.recipe == name and request.model in MODELS
+    hp = request.hyperparameters
+    assert {
+        "generation",
+        "processes",
+        "distributed",
+        "learning_rate",
+        "num_generations",
+    } <= hp.model_fields_set
+    assert hp.generation == "vllm" and hp.processes > 1 and hp.preset == "paper"
+    assert hp.distributed is not None and (CONFIGS / "accelerate" / f"{hp.distributed}.yaml").is_file()
+    get_recipe(request.recipe, **hp.recipe_config)  # the recipe accepts its config keys
+    # within every TRAINER_MAX_* default, so `hoprl train` is not refused by an unchanged trainer
+    check_limits(request, hp.resolved(request.recipe, request.objective), TrainerSettings())
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_small_is_a_cpu_run_with_the_cpu_presets_sizes(name: str) -> None:
+    request = load_config(config(name), small=True)
+    assert request.recipe == name and request.model is None and request.dataset == "synthetic"
+    assert request.steps <= 10
+    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    defaults = Hyperparameters()
+    assert hp.preset == "cpu" and hp.generation == "transformers" and hp.processes == 1
+    assert hp.distributed is None
+    assert (hp.vllm_mode, hp.vllm_gpu_memory_utilization) == (
+        defaults.vllm_mode,
+        defaults.vllm_gpu_memory_utilization,
+    )
+    assert {k: getattr(hp, k) for k in CPU_PRESET} == CPU_PRESET
+    paper = load_config(config(name)).hyperparameters.resolved(request.recipe, request.objective)
+    for key in ("learning_rate", "beta", "kl_estimator", "epsilon", "epsilon_high", "dynamic_sampling"):
+        assert getattr(hp, key) == getattr(paper, key), f"{name}: --small changed {key}"  # sizes only
+    assert request.objective == load_config(config(name)).objective
+
+
+def test_evo_rag_small_keeps_its_schedule_inside_the_short_episode() -> None:
+    hp = load_config(config("evo-rag"), small=True).hyperparameters.resolved("evo-rag", "grpo")
+    assert hp.recipe_config == {"t_max": CPU_PRESET["max_turns"], "top_k": 3}
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_every_value_names_its_source(name: str) -> None:
+    """Each line that sets a value above the small: section carries a comment (its source); the
+    recipe is the file's name."""
+    lines = config(name).read_text().split(f"\n{SMALL}:")[0].splitlines()
+    for line in lines:
+        if re.match(r"^\s*[a-z_]+: +[^#\s]", line) and not line.startswith("recipe:"):
+            assert "#" in line, f"{name}.yaml: {line.strip()!r} says nothing of where it comes from"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "small", "message"),
+    [
+        ("recipe: search-r1\nstep: 3\n", False, "unknown key 'step'"),
+        ("recipe: search-r1\nhyperparameters:\n  lr: 1.0e-6\n", False, "unknown key 'hyperparameters.lr'"),
+        (
+            "recipe: search-r1\nsmall:\n  hyperparameters:\n    gpus: 1\n",
+            True,
+            "unknown key 'hyperparameters.gpus'",
+        ),
+        ("recipe: search-r1\nsteps: many\n", False, "steps: Input should be a valid integer"),
+        ("recipe: search-r1\nhyperparameters:\n  generation: tpu\n", False, "hyperparameters.generation"),
+        ("recipe: search-r1\n", True, "has no `small:` section"),
+        ("recipe: [search-r1\n", False, "is not valid YAML"),
+        ("- search-r1\n", False, "must be a mapping"),
+        ("recipe: search-r1\nsmall: 3\n", False, "`small:` must be a mapping"),
+    ],
+)
+def test_errors_name_the_file_and_the_key(tmp_path: Path, text: str, small: bool, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, small=small)
+    assert str(path) in str(info.value) and message in str(info.value)
+    if small and "small" in text and "gpus" in text:
+        assert "small:` overrides" in str(info.value)  # the error says it is in the small section
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read it"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_null_overrides_remove_keys_and_nested_mappings_merge() -> None:
+    base = read_config(config("evo-rag"))
+    merged = merge(base, base[SMALL])
+    assert "model" not in merged and "t_max" not in merged["hyperparameters"]["recipe_config"]
+    assert merged["hyperparameters"]["recipe_config"]["top_k"] == 3
+    assert merged["hyperparameters"]["learning_rate"] == base["hyperparameters"]["learning_rate"]
+
+
+# ---- accelerate configs --------------------------------------------------------------------------
+
+ACCELERATE = ["ddp", "zero2", "zero3", "fsdp"]
+
+
+def test_one_accelerate_config_per_distributed_value() -> None:
+    assert sorted(p.stem for p in (CONFIGS / "accelerate").glob("*.yaml")) == sorted(ACCELERATE)
+    assert sorted(get_args(Distributed)) == sorted(ACCELERATE)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("ddp", "multi_gpu"), ("zero2", "use_deepspeed"), ("zero3", "use_deepspeed"), ("fsdp", "use_fsdp")],
+)
+def test_accelerate_launch_reads_the_config(name: str, kind: str) -> None:
+    """accelerate's own loader (unknown top-level keys raise) and `accelerate launch`'s argument
+    validation, as `accelerate launch --config_file ... --num_processes 2` runs them."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    path = CONFIGS / "accelerate" / f"{name}.yaml"
+    loaded = load_config_from_file(str(path))
+    options = {action.dest for action in launch_command_parser()._actions}
+    for key in loaded.deepspeed_config or {}:
+        assert key in options, f"{name}: deepspeed_config.{key} is no `accelerate launch` option"
+    for key in loaded.fsdp_config or {}:
+        assert key in options, f"{name}: fsdp_config.{key} is no `accelerate launch` option"
+    argv = ["--config_file", str(path), "--num_processes", "2", "train.py"]
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv))
+    assert getattr(args, kind) and args.num_processes == 2 and args.mixed_precision == "bf16"
+    if name.startswith("zero"):
+        assert args.zero_stage == int(name[-1])

@@ -1,0 +1,57 @@
+"""infra/check_gpu_extra.py (`make check-gpu-extra`): a resolution conflict and an unreachable index
+are told apart, and CI runs the check before the tests. The dry run itself needs the package index
+and minutes, so it is not run here (its last result is in docs/gpus.md and the CHANGELOG)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("check_gpu_extra", ROOT / "infra" / "check_gpu_extra.py")
+assert spec is not None and spec.loader is not None
+check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check)
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stderr", "expected"),
+    [
+        (0, "", 0),
+        (1, "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/...", 1),
+        (
+            1,
+            "ERROR: Cannot install hoprl[gpu] because these package versions have conflicting dependencies.",
+            1,
+        ),
+        (1, "ERROR: No matching distribution found for vllm<=0.31.0,>=0.27.0", 1),
+        (
+            1,
+            "WARNING: Retrying ... NewConnectionError('Failed to establish a new connection')\n"
+            "ERROR: No matching distribution found for vllm",
+            75,
+        ),
+        (1, "pip._vendor.requests.exceptions.ReadTimeout: Read timed out.", 75),
+        (1, "[Errno -3] Temporary failure in name resolution", 75),
+    ],
+)
+def test_a_conflict_and_an_unreachable_index_are_told_apart(
+    returncode: int, stderr: str, expected: int
+) -> None:
+    assert check.verdict(returncode, stderr) == expected
+
+
+def test_the_check_resolves_against_the_pinned_torch() -> None:
+    pins = re.findall(r'"(torch==[^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert [check.pinned_torch()] == pins
+
+
+def test_ci_runs_the_check_before_the_tests_and_tolerates_only_an_offline_index() -> None:
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    at = next(i for i, line in enumerate(ci) if line.startswith("make check-gpu-extra"))
+    assert "--offline-ok" in ci[at] and ci.index("make test") > at
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^check-gpu-extra: venv\n\t\$\(BIN\)/python infra/check_gpu_extra.py", makefile, re.M)
