@@ -123,6 +123,8 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
         raise KeyError(f"no run {run_id!r} in the registry")
     request = JobRequest.model_validate(run.config["request"])
     hp = Hyperparameters.model_validate(run.config["hyperparameters"])
+    if hp.generation == "vllm" and hp.vllm_server_url is None and settings.vllm_server_url:
+        hp = hp.model_copy(update={"vllm_server_url": settings.vllm_server_url})  # the deployment's server
     if settings.torch_threads or hp.torch_threads:
         torch.set_num_threads(hp.torch_threads or settings.torch_threads)
     output_dir = settings.runs_dir / run_id
