@@ -51,7 +51,8 @@ class TrainerSettings(ServiceSettings):
     poll_interval_s: float = Field(1.0, gt=0, description="how often the queue looks for work")
     python: str | None = Field(None, description="interpreter for job subprocesses; unset = this one")
     vllm_server_url: str | None = Field(
-        None, description="`trl vllm-serve` for jobs with vllm_mode server that name none (compose: vllm-serve)"
+        None,
+        description="`trl vllm-serve` for jobs with vllm_mode server that name none (compose: vllm-serve)",
     )
     max_processes: int | None = Field(
         None, ge=1, description="processes one job may start; unset = one per GPU, or per CPU core"
