@@ -105,7 +105,8 @@ class PreferenceCallback(TrainerCallback):
         self.learner = learner
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.learner.save(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+        if state.is_world_process_zero:  # several processes: rank 0's learner saw every rank's episodes
+            self.learner.save(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
 def preference_learner(hp: Any, recipe: Any, seed: int = 0) -> PreferenceLearner | None:

@@ -10,7 +10,8 @@ registry and the checkpoint files (:mod:`hoprl.training.distributed`).
 :func:`check_machine` refuses, with a 422 naming the field and the reason, what this trainer's
 machine cannot run (``generation: vllm`` without CUDA or the gpu extra, more processes than
 ``TRAINER_MAX_PROCESSES``, DeepSpeed or FSDP without CUDA) and what the job loops cannot split
-over processes (R2AG's rounds, PPO, DPO, EVO-RAG's preference model), before the job is queued.
+over processes or hand to vLLM (R2AG's rounds, PPO, DPO), before the job is queued. EVO-RAG's
+preference model trains on rank 0, on the episodes of every rank.
 """
 
 from __future__ import annotations
@@ -110,19 +111,31 @@ def machine_problem(
         return ("processes", "processes_too_large",
                 f"{hp.processes} exceeds the {most} this trainer may start (one per GPU, or per CPU "
                 "core; TRAINER_MAX_PROCESSES)")  # fmt: skip
-    if hp.processes == 1:
-        return None
+    return loop_problem(request, hp)
+
+
+def loop_problem(request: JobRequest, hp: Hyperparameters) -> tuple[str, str, str] | None:
+    """``(field, code, message)`` when the job's training loop cannot do what ``hp`` asks, or None.
+
+    vLLM generation, several processes and DeepSpeed / FSDP come from TRL and accelerate, so they
+    are for the objectives TRL's trainers run (GRPO-family, SFT; vLLM for the GRPO-family only).
+    R2AG's progressive rounds, PPO and DPO are the project's own loops: one process, transformers.
+    """
     objective = request.objective or "grpo"
-    if objective not in MULTI_PROCESS_OBJECTIVES or request.recipe == "r2ag":
-        loop = "R2AG's progressive rounds" if request.recipe == "r2ag" else f"the {objective} loop"
+    trl_loop = objective in MULTI_PROCESS_OBJECTIVES and request.recipe != "r2ag"
+    loop = "R2AG's progressive rounds" if request.recipe == "r2ag" else f"the {objective} loop"
+    if hp.generation == "vllm" and (not trl_loop or objective == "sft"):
+        return ("generation", "generation_unsupported",
+                f"{loop} generates with the training model itself; vllm rollouts are for grpo, dapo "
+                "and dr_grpo jobs (not r2ag)")  # fmt: skip
+    if hp.distributed in ("zero2", "zero3", "fsdp") and not trl_loop:
+        return ("distributed", "distributed_unsupported",
+                f"{loop} runs in one process without DeepSpeed or FSDP; leave distributed unset")  # fmt: skip
+    if hp.processes > 1 and not trl_loop:
         return ("processes", "processes_unsupported",
                 f"{loop} runs in one process; multi-process jobs train with "
                 f"{', '.join(MULTI_PROCESS_OBJECTIVES)} (not r2ag)")  # fmt: skip
-    if hp.preference_model:
-        return ("processes", "processes_unsupported",
-                "EVO-RAG's preference model learns in one process; set preference_model false or "
-                "processes 1")  # fmt: skip
-    if hp.questions_per_step % hp.processes:
+    if hp.processes > 1 and hp.questions_per_step % hp.processes:
         return ("processes", "processes_uneven",
                 f"questions_per_step {hp.questions_per_step} does not split evenly over {hp.processes} "
                 "processes (each rolls out whole groups)")  # fmt: skip

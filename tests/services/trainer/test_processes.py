@@ -22,14 +22,15 @@ import torch
 from sqlalchemy import select
 
 from hoprl.clients.trainer import TrainerClient
+from hoprl.configs import load_config
 from hoprl.data.synthetic import write_jsonl
 from hoprl.registry.models import EpisodeRow, MetricRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
-from hoprl.schemas.trainer import Hyperparameters
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.local import LocalServer
 from services.trainer.app import create_app
-from services.trainer.launch import worker_command
+from services.trainer.launch import loop_problem, worker_command
 from services.trainer.queue import rank_pids
 from services.trainer.settings import TrainerSettings
 
@@ -173,3 +174,22 @@ def test_a_two_process_job_trains_resumes_after_kill_and_ends_with_identical_wei
     attempts = {step: {r.trajectory["meta"]["attempt"] for r in rows} for step, rows in by_step.items()}
     assert attempts == {1: {1}, 2: {1}, 3: {2}, 4: {2}}
     assert sorted(set(checkpoints)) == [2, 4]
+
+
+@pytest.mark.parametrize("config", sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml")))
+def test_every_paper_config_asks_only_what_its_training_loop_can_do(config: Path) -> None:
+    """At GPU size: vLLM, processes and DeepSpeed/FSDP only where TRL's trainers run the loop."""
+    request = load_config(config)
+    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    assert loop_problem(request, hp) is None, config.name
+
+
+def test_the_projects_own_loops_refuse_vllm_and_deepspeed(settings: TrainerSettings) -> None:
+    r2ag = JobRequest(recipe="r2ag", objective="dapo", hyperparameters=Hyperparameters(generation="vllm"))
+    assert loop_problem(r2ag, r2ag.hyperparameters)[:2] == ("generation", "generation_unsupported")  # type: ignore[index]
+    ppo = JobRequest(recipe="evo-rag", objective="ppo", hyperparameters=Hyperparameters(distributed="zero3"))
+    assert loop_problem(ppo, ppo.hyperparameters)[:2] == ("distributed", "distributed_unsupported")  # type: ignore[index]
+    evo = JobRequest(recipe="evo-rag", objective="grpo", hyperparameters=Hyperparameters(processes=2))
+    assert (
+        loop_problem(evo, evo.hyperparameters.resolved("evo-rag", "grpo")) is None
+    )  # preference model: rank 0
