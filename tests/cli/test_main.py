@@ -77,30 +77,27 @@ def write(tmp_path: Path, name: str, data: Any) -> Path:
     return path
 
 
-def eval_rar_episode() -> Episode:
-    """A wrong final answer after an <evaluate> block that names the gold answer: R = r_eval."""
+def search_then_answer(recipe: str, search: str, answer: str, answer_text: str) -> Episode:
+    """One search for the founder of Acme Records (its results: ``INFO``), then ``answer``; ``search``
+    and ``answer_text`` are the two steps' texts as ``recipe`` writes them."""
     return Episode(
-        recipe="eval-rar",
+        recipe=recipe,
         question_id="q1",
         question="Who founded Acme Records?",
         answers=GOLD,
         steps=[
-            Step(
-                t=1,
-                action="search",
-                text="<think>t</think><search>Acme founder</search>",
-                queries=["Acme founder"],
-                information=INFO,
-            ),
-            Step(
-                t=2,
-                action="answer",
-                answer="John Doe",
-                text="<evaluate>The founder is Jane Roe.</evaluate><answer>John Doe</answer>",
-            ),
+            Step(t=1, action="search", text=search, queries=["Acme founder"], information=INFO),
+            Step(t=2, action="answer", answer=answer, text=answer_text),
         ],
-        final_answer="John Doe",
+        final_answer=answer,
     )
+
+
+def eval_rar_episode() -> Episode:
+    """A wrong final answer after an <evaluate> block that names the gold answer: R = r_eval."""
+    search = "<think>t</think><search>Acme founder</search>"
+    evaluate = "<evaluate>The founder is Jane Roe.</evaluate><answer>John Doe</answer>"
+    return search_then_answer("eval-rar", search, "John Doe", evaluate)
 
 
 def test_eval_rar_episode_gets_r_eval(tmp_path: Path) -> None:
@@ -118,28 +115,9 @@ def test_eval_rar_episode_gets_r_eval(tmp_path: Path) -> None:
 
 
 def test_when_to_search_components_and_total(tmp_path: Path) -> None:
-    ep = Episode(
-        recipe="when-to-search",
-        question_id="q1",
-        question="Who founded Acme Records?",
-        answers=GOLD,
-        steps=[
-            Step(
-                t=1,
-                action="search",
-                text="<think>t</think>\n<search>Acme founder</search>",
-                queries=["Acme founder"],
-                information=INFO,
-            ),
-            Step(
-                t=2,
-                action="answer",
-                answer="Jane Roe",
-                text="<reflect>It names her.</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>",
-            ),
-        ],
-        final_answer="Jane Roe",
-    )
+    search = "<think>t</think>\n<search>Acme founder</search>"
+    answer = "<reflect>It names her.</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>"
+    ep = search_then_answer("when-to-search", search, "Jane Roe", answer)
     out = hoprl("reward", str(write(tmp_path, "w.json", ep.model_dump())), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
