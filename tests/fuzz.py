@@ -69,6 +69,23 @@ def save(report: FuzzReport) -> None:
             out.writelines(f"  {failure}\n" for failure in report.failures[:10])
 
 
+def fuzz_clean(url: str, service: str, *, links: tuple[str, ...] = (), **options: Any) -> FuzzReport:
+    """The part every service's fuzz test shares: :func:`fuzz` the service (``options`` go to it),
+    :func:`save` the report, and assert that no check failed, that both accepted (2xx) and rejected
+    (4xx) requests were met, and that the stateful scenarios followed each of ``links`` (a
+    transition id's part, e.g. ``"POST /v1/jobs -> [201] GetJob "``). Returns the report for the
+    service's own assertions."""
+    report = fuzz(url, service, **options)
+    save(report)
+    assert report.failures == [], "\n".join(report.failures)
+    assert any(200 <= s < 300 for s in report.statuses), report.summary()
+    assert any(400 <= s < 500 for s in report.statuses), report.summary()
+    followed = " ".join(report.transitions)
+    for link in links:
+        assert link in followed, sorted(report.transitions)
+    return report
+
+
 def deterministic(max_examples: int, **extra: Any) -> settings:
     """Hypothesis settings that send the same requests on every run."""
     return settings(

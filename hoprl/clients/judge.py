@@ -20,6 +20,7 @@ a training run whose judge died keeps going with rules verdicts it can tell apar
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -36,6 +37,11 @@ def _body(items: list[AnswerItem] | list[AnswerableItem]) -> dict[str, Any]:
     return {"items": [item.model_dump() for item in items]}
 
 
+def _verdicts(response: httpx.Response) -> list[JudgeVerdict]:
+    """The verdicts of a batch reply; raises :class:`ServiceError` on a 4xx/5xx answer."""
+    return VerdictsResponse.model_validate(_check(response)).verdicts
+
+
 class JudgeClient(ServiceClient):
     """Blocking client: ``JudgeClient(url).answer([AnswerItem(prediction=..., references=[...])])``."""
 
@@ -44,13 +50,11 @@ class JudgeClient(ServiceClient):
 
     def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
         """Grade a batch of predictions; raises :class:`ServiceError` on a 4xx/5xx answer."""
-        response = self.http.post("/v1/judge/answer", json=_body(items))
-        return VerdictsResponse.model_validate(_check(response)).verdicts
+        return _verdicts(self.http.post("/v1/judge/answer", json=_body(items)))
 
     def answerable(self, items: list[AnswerableItem]) -> list[JudgeVerdict]:
         """Decide answerability for a batch of questions."""
-        response = self.http.post("/v1/judge/answerable", json=_body(items))
-        return VerdictsResponse.model_validate(_check(response)).verdicts
+        return _verdicts(self.http.post("/v1/judge/answerable", json=_body(items)))
 
 
 class AsyncJudgeClient:
@@ -60,12 +64,10 @@ class AsyncJudgeClient:
         self.http = httpx.AsyncClient(base_url=base_url, **client_options(timeout, kwargs))
 
     async def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
-        response = await self.http.post("/v1/judge/answer", json=_body(items))
-        return VerdictsResponse.model_validate(_check(response)).verdicts
+        return _verdicts(await self.http.post("/v1/judge/answer", json=_body(items)))
 
     async def answerable(self, items: list[AnswerableItem]) -> list[JudgeVerdict]:
-        response = await self.http.post("/v1/judge/answerable", json=_body(items))
-        return VerdictsResponse.model_validate(_check(response)).verdicts
+        return _verdicts(await self.http.post("/v1/judge/answerable", json=_body(items)))
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -104,20 +106,25 @@ class RemoteJudge:
 
     def answer(self, prediction: str, references: list[str], question: str = "") -> Verdict:
         item = AnswerItem(question=question, prediction=prediction, references=references)
-        try:
-            verdict = self.client.answer([item])[0]
-        except (httpx.TransportError, ServiceError) as exc:
-            reason = self._unreachable(exc)
-            return _fell_back(self.fallback.answer(prediction, references, question), reason)
-        return self._back(verdict)
+        return self._decide(
+            lambda: self.client.answer([item])[0],
+            lambda: self.fallback.answer(prediction, references, question),
+        )
 
     def answerable(self, question: str, evidence: list[str], references: list[str] | None = None) -> Verdict:
         item = AnswerableItem(question=question, evidence=evidence, references=references)
+        return self._decide(
+            lambda: self.client.answerable([item])[0],
+            lambda: self.fallback.answerable(question, evidence, references),
+        )
+
+    def _decide(self, remote: Callable[[], JudgeVerdict], rules: Callable[[], Verdict]) -> Verdict:
+        """The service's verdict, or the rules' (marked as a fallback) when it cannot give one."""
         try:
-            verdict = self.client.answerable([item])[0]
+            verdict = remote()
         except (httpx.TransportError, ServiceError) as exc:
             reason = self._unreachable(exc)
-            return _fell_back(self.fallback.answerable(question, evidence, references), reason)
+            return _fell_back(rules(), reason)
         return self._back(verdict)
 
     def _unreachable(self, exc: httpx.TransportError | ServiceError) -> str:

@@ -41,6 +41,8 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[Question]
 
 
 def write_questions(path: str | Path, questions: Iterable[Question]) -> int:
+    """Write one question per line, with the fields of its own class (a synthetic question's
+    ``hops`` too), creating the folder; returns the count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0

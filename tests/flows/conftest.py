@@ -1,7 +1,7 @@
 """Fixtures of the flow tests: the services a pipeline talks to, live on 127.0.0.1, and a tiny model.
 
 The retriever is the session's (embedded Qdrant); the judge is the rules judge; the policy's engine
-is a scripted OpenAI-compatible model (``tests/hoprl/agent/scripted_llm.py``) that answers the
+is a scripted OpenAI-compatible model (``tests/scripted_llm.py``) that answers the
 synthetic world's first questions from scripts; the trainer is the real service, whose jobs train
 a tiny random Llama (2 layers) in worker subprocesses. They run in the test's process over real
 HTTP, so flows in other processes (a Prefect worker's flow runs, ``hoprl pipeline``) reach them
@@ -10,12 +10,9 @@ through ``HOPRL_*_URL``.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -28,22 +25,10 @@ from services.policy.app import create_app as create_policy
 from services.policy.settings import PolicySettings
 from services.trainer.app import create_app as create_trainer
 from services.trainer.settings import TrainerSettings
+from tests import scripted_llm as scripted
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = 6  # questions per split the scripted policy knows
 ADMIN_TOKEN = "flows-test"  # the policy's checkpoint-switch token (HOPRL_POLICY_ADMIN_TOKEN)
-
-
-def load_module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # FastAPI resolves the module's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-scripted = load_module("scripted_llm", ROOT / "tests" / "hoprl" / "agent" / "scripted_llm.py")
 
 
 def scripts() -> dict[str, list[str]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -27,7 +26,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -47,25 +45,13 @@ from hoprl.schemas import Document
 from services.judge.app import create_app as create_judge
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer
+from tests import scripted_llm as scripted
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/15"  # this file's own database number
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 RECIPE = "search-r1"
 OPTIONS = {"model": "scripted", "max_steps": 8, "temperature": 0.7, "seed": 5}
-
-
-def load_scripted() -> ModuleType:
-    path = ROOT / "tests" / "hoprl" / "agent" / "scripted_llm.py"
-    spec = importlib.util.spec_from_file_location("scripted_llm", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # FastAPI resolves the module's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-scripted = load_scripted()
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar
 
 import pytest
@@ -19,25 +15,13 @@ from hoprl.recipes.base import Action
 from hoprl.recipes.baselines import SearchR1
 from hoprl.schemas import Document, Question
 from services.local import LocalServer
+from tests import scripted_llm as scripted
 
 COLLECTION = "runner-limits"
 Q = Question(id="q1", dataset="t", split="dev", question="Who founded Acme Records?", answers=["Jane Roe"])
 SEARCH = "<think>t</think><search>Acme Records founder</search>"
 SEARCH2 = "<think>t</think><search>Jane Roe</search>"
 ANSWER = "<think>t</think><answer>Jane Roe</answer>"
-
-
-def load_scripted() -> ModuleType:
-    path = Path(__file__).with_name("scripted_llm.py")
-    spec = importlib.util.spec_from_file_location("scripted_llm", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # FastAPI resolves the module's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-scripted = load_scripted()
 
 
 class Backtracker(SearchR1):

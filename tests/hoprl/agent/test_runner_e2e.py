@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -23,22 +19,10 @@ from hoprl.embedding import get_embedder
 from hoprl.recipes import get_recipe
 from hoprl.schemas import Document
 from services.local import LocalServer
+from tests import scripted_llm as scripted
 
 COLLECTION = "runner-e2e"
 JUNK = "\n<information>a model that keeps talking past its stop</information>"
-
-
-def load_scripted() -> ModuleType:
-    path = Path(__file__).with_name("scripted_llm.py")
-    spec = importlib.util.spec_from_file_location("scripted_llm", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # FastAPI resolves the module's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-scripted = load_scripted()
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from hoprl.clients.llm import Completion, LLMClient, expected_close, restore_stop
 from services.local import LocalServer
+from tests import scripted_llm as scripted
 
 STOP = ["</search>", "</answer>"]
-
-
-def scripted() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "agent" / "scripted_llm.py"
-    spec = importlib.util.spec_from_file_location("scripted_llm", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # FastAPI resolves the module's annotations through it
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -62,7 +49,7 @@ def chat(app: Any, **kwargs: Any) -> list[Completion]:
 
 @pytest.mark.parametrize("report", [True, False])
 def test_stop_text_is_kept_and_the_rest_cut(report: bool) -> None:
-    app = scripted().create_app(
+    app = scripted.create_app(
         {"Q1": ["<think>t</think><search>acme</search><information>fake"]}, report_stop_reason=report
     )
     (c,) = chat(app, stop=STOP, max_tokens=50)
@@ -74,7 +61,7 @@ def test_stop_text_is_kept_and_the_rest_cut(report: bool) -> None:
 
 
 def test_n_choices_seed_and_logprobs() -> None:
-    app = scripted().create_app({"Q1": ["<answer>Jane Roe</answer>"]})
+    app = scripted.create_app({"Q1": ["<answer>Jane Roe</answer>"]})
     out = chat(app, stop=STOP, n=3, seed=7, logprobs=True, temperature=0.5)
     assert [c.text for c in out] == ["<answer>Jane Roe</answer>"] * 3
     assert out[0].logprobs is not None
@@ -83,6 +70,6 @@ def test_n_choices_seed_and_logprobs() -> None:
 
 
 def test_length_cut_appends_nothing() -> None:
-    app = scripted().create_app({"Q1": ["<think>a long chain of thought</think>"]})
+    app = scripted.create_app({"Q1": ["<think>a long chain of thought</think>"]})
     (c,) = chat(app, stop=STOP, max_tokens=4)  # "<", "think", ">", "a"
     assert (c.text, c.finish_reason, c.stop) == ("<think>a", "length", None)

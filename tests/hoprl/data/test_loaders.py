@@ -12,8 +12,7 @@ from hoprl.data.hub import HUB, load_hub
 from hoprl.data.jsonl import DataError, load_questions, write_questions
 from hoprl.data.sources import load
 from hoprl.schemas import Document
-
-from ..conftest_paths import shared_file
+from tests.conftest import shared_file
 
 HOTPOT_ROW = {
     "id": "5a8b57f25542995d1e6f1371",

@@ -1,23 +1,14 @@
-"""The synthetic world: determinism, derivable answers, unanswerable share, schema round trip."""
+"""Questions over the synthetic world: determinism, derivable answers, unanswerable share."""
 
 import os
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hoprl.data.synthetic import (
-    PARAGRAPHS_PER_QUESTION,
-    SyntheticQuestion,
-    build_world,
-    generate,
-    hops_for,
-    read_jsonl,
-    write_jsonl,
-)
+from hoprl.data.synthetic import PARAGRAPHS_PER_QUESTION, SyntheticQuestion, build_world, generate, hops_for
 from hoprl.judging import RulesJudge
 from hoprl.metrics.answer import normalize_answer
 from hoprl.schemas import Paragraph, Question
@@ -55,9 +46,10 @@ def test_same_seed_same_data_other_seed_other_data() -> None:
 def test_same_seed_same_data_across_processes() -> None:
     """String hashing is salted per process; generation must not depend on set or dict-of-set order."""
     code = (
-        "import hashlib; from hoprl.data.synthetic import generate, write_jsonl; import tempfile, pathlib; "
+        "import hashlib, pathlib, tempfile; from hoprl.data.jsonl import write_questions; "
+        "from hoprl.data.synthetic import generate; "
         "p = pathlib.Path(tempfile.mkdtemp()) / 'q.jsonl'; "
-        "write_jsonl(p, generate(seed=4, n_entities=60, n_train=20, n_dev=5, n_test=5)['train']); "
+        "write_questions(p, generate(seed=4, n_entities=60, n_train=20, n_dev=5, n_test=5)['train']); "
         "print(hashlib.sha256(p.read_bytes()).hexdigest())"
     )
     digests = {
@@ -138,46 +130,6 @@ def test_unanswerable_questions_miss_exactly_the_last_fact(questions: list[Synth
         judge.answerable(q.question, ev, q.answers).verdict
         for q, ev in zip(answerable, gold_evidence, strict=True)
     )
-
-
-def test_world_paragraphs_state_their_entity() -> None:
-    world = build_world(3, 60)
-    for e, p in zip(world.entities, world.paragraphs(), strict=True):
-        assert p.title == e.name and p.text.startswith(e.name)
-        for key, target in e.rels.items():
-            assert target in p.text, key
-
-
-def test_jsonl_round_trips_through_the_common_schema(tmp_path: Path) -> None:
-    qs = generate(seed=2, **SMALL)["dev"]
-    path = tmp_path / "synthetic" / "dev.jsonl"
-    assert write_jsonl(path, qs) == len(qs)
-    common = [Question.model_validate_json(line) for line in path.read_text().splitlines()]
-    assert common == [Question.model_validate(q.model_dump()) for q in qs]
-    assert not hasattr(common[0], "hops")
-    assert read_jsonl(path) == qs
-
-
-def test_hops_for_synthetic_and_benchmark_questions(questions: list[SyntheticQuestion]) -> None:
-    assert hops_for(questions[0]) == questions[0].hops
-    real = Question(
-        id="h1",
-        dataset="hotpotqa",
-        split="dev",
-        answers=["1912"],
-        question="When was the founder of Acme Works born?",
-        paragraphs=[
-            Paragraph(title="Jo Bell", text="Jo Bell (born 1912) was an engineer.", is_gold=True),
-            Paragraph(title="Other", text="Unrelated."),
-            Paragraph(title="Acme Works", text="Acme Works was founded by Jo Bell.", is_gold=True),
-        ],
-        gold_titles=["Jo Bell", "Acme Works"],
-    )
-    hops = hops_for(real)
-    assert [h.title for h in hops] == ["Acme Works", "Jo Bell"]  # named first, answer last
-    assert [h.query for h in hops] == ["Acme Works", "Jo Bell"]
-    assert [h.answer for h in hops] == [None, "1912"]
-    assert {h.relation for h in hops} == {""}
 
 
 @pytest.mark.parametrize(

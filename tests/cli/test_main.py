@@ -1,4 +1,5 @@
-"""``hoprl reward``: re-score a stored episode, run as a user would (a subprocess), values by hand."""
+"""The ``hoprl`` command line (``cli/main.py``), run as a user would: a subprocess, a real service
+and real storage; ``hoprl reward`` re-scores stored episodes, its values worked out by hand."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.schemas import Paragraph, Question
+from tests.conftest import shared_file
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme Records: founded by Jane Roe.\n</information>"
@@ -24,8 +26,49 @@ def hoprl(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Complet
         text=True,
         cwd=cwd,
         input=stdin,
-        timeout=300,
+        timeout=600,
     )
+
+
+def test_help_teaches(tmp_path: Path) -> None:
+    out = hoprl("--help", cwd=tmp_path)
+    assert out.returncode == 0 and "eval-retrieval" in out.stdout and "hoprl serve retriever" in out.stdout
+    assert "Recall@K" in hoprl("eval-retrieval", "--help", cwd=tmp_path).stdout
+
+
+def test_eval_retrieval_json_on_real_data(tmp_path: Path) -> None:
+    data = shared_file("hotpotqa_dev.jsonl")
+    args = [
+        "eval-retrieval",
+        "--data",
+        str(data),
+        "--limit",
+        "15",
+        "--k",
+        "2",
+        "5",
+        "--json",
+        "--storage",
+        str(tmp_path / "qdrant"),
+    ]
+    out = hoprl(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(report["results"]) == {"dense", "sparse", "hybrid"}
+    hybrid = report["results"]["hybrid"]
+    assert report["documents"] > 100 and report["index_rate"] > 0
+    assert 0.5 < hybrid["recall@5"] <= 1.0 and hybrid["recall@2"] <= hybrid["recall@5"]
+    # The second run finds the index already built (same corpus -> same collection) and reuses it.
+    again = json.loads(hoprl(*args, cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert again["index_rate"] == 0 and again["results"] == report["results"]
+
+
+def test_bad_data_is_a_clear_error(tmp_path: Path) -> None:
+    out = hoprl("eval-retrieval", "--data", "nope.jsonl", cwd=tmp_path)
+    assert out.returncode == 2 and "neither a file" in out.stderr
+
+
+# --- hoprl reward ---------------------------------------------------------------------------------
 
 
 def write(tmp_path: Path, name: str, data: Any) -> Path:
@@ -34,30 +77,27 @@ def write(tmp_path: Path, name: str, data: Any) -> Path:
     return path
 
 
-def eval_rar_episode() -> Episode:
-    """A wrong final answer after an <evaluate> block that names the gold answer: R = r_eval."""
+def search_then_answer(recipe: str, search: str, answer: str, answer_text: str) -> Episode:
+    """One search for the founder of Acme Records (its results: ``INFO``), then ``answer``; ``search``
+    and ``answer_text`` are the two steps' texts as ``recipe`` writes them."""
     return Episode(
-        recipe="eval-rar",
+        recipe=recipe,
         question_id="q1",
         question="Who founded Acme Records?",
         answers=GOLD,
         steps=[
-            Step(
-                t=1,
-                action="search",
-                text="<think>t</think><search>Acme founder</search>",
-                queries=["Acme founder"],
-                information=INFO,
-            ),
-            Step(
-                t=2,
-                action="answer",
-                answer="John Doe",
-                text="<evaluate>The founder is Jane Roe.</evaluate><answer>John Doe</answer>",
-            ),
+            Step(t=1, action="search", text=search, queries=["Acme founder"], information=INFO),
+            Step(t=2, action="answer", answer=answer, text=answer_text),
         ],
-        final_answer="John Doe",
+        final_answer=answer,
     )
+
+
+def eval_rar_episode() -> Episode:
+    """A wrong final answer after an <evaluate> block that names the gold answer: R = r_eval."""
+    search = "<think>t</think><search>Acme founder</search>"
+    evaluate = "<evaluate>The founder is Jane Roe.</evaluate><answer>John Doe</answer>"
+    return search_then_answer("eval-rar", search, "John Doe", evaluate)
 
 
 def test_eval_rar_episode_gets_r_eval(tmp_path: Path) -> None:
@@ -75,28 +115,9 @@ def test_eval_rar_episode_gets_r_eval(tmp_path: Path) -> None:
 
 
 def test_when_to_search_components_and_total(tmp_path: Path) -> None:
-    ep = Episode(
-        recipe="when-to-search",
-        question_id="q1",
-        question="Who founded Acme Records?",
-        answers=GOLD,
-        steps=[
-            Step(
-                t=1,
-                action="search",
-                text="<think>t</think>\n<search>Acme founder</search>",
-                queries=["Acme founder"],
-                information=INFO,
-            ),
-            Step(
-                t=2,
-                action="answer",
-                answer="Jane Roe",
-                text="<reflect>It names her.</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>",
-            ),
-        ],
-        final_answer="Jane Roe",
-    )
+    search = "<think>t</think>\n<search>Acme founder</search>"
+    answer = "<reflect>It names her.</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>"
+    ep = search_then_answer("when-to-search", search, "Jane Roe", answer)
     out = hoprl("reward", str(write(tmp_path, "w.json", ep.model_dump())), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
