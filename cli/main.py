@@ -193,14 +193,15 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from hoprl.data.synthetic import generate, write_jsonl
+    from hoprl.data.jsonl import write_questions
+    from hoprl.data.synthetic import generate
 
     splits = generate(
         seed=args.seed, n_entities=args.entities, n_train=args.train, n_dev=args.dev, n_test=args.test
     )
     for split, questions in splits.items():
         path = Path(args.out) / f"synthetic_{split}.jsonl"
-        write_jsonl(path, questions)
+        write_questions(path, questions)
         console.print(f"wrote {len(questions)} questions to {path}")
     return 0
 

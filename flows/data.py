@@ -25,9 +25,8 @@ from flows.fanout import embed_batch, fan_out
 from flows.runs import registry, run_dir
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import chunk, pool
-from hoprl.data.jsonl import load_questions
+from hoprl.data.jsonl import load_questions, write_questions
 from hoprl.data.sources import load
-from hoprl.data.synthetic import write_jsonl
 from hoprl.evaluation import corpus_collection
 from hoprl.schemas import Document, Question
 
@@ -70,7 +69,7 @@ def write_splits(spec: str, seed: int, limit: int | None, folder: str) -> dict[s
     digest = hashlib.sha256()
     for split, questions in split_questions(spec, seed).items():
         path = Path(folder) / f"{split}.jsonl"
-        counts[split] = write_jsonl(path, questions[:limit] if limit else questions)
+        counts[split] = write_questions(path, questions[:limit] if limit else questions)
         digest.update(path.read_bytes())
         paths[split] = str(path)
     if not counts["train"] or not counts["test"]:

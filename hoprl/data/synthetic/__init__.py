@@ -35,16 +35,11 @@ Files are written with :func:`hoprl.data.jsonl.write_questions` (``hops`` includ
 
 from __future__ import annotations
 
-from hoprl.data.jsonl import write_questions
 from hoprl.data.synthetic.questions import DATASET, PARAGRAPHS_PER_QUESTION, generate
 from hoprl.data.synthetic.schema import Hop, SyntheticQuestion, hops_for, read_jsonl
 from hoprl.data.synthetic.world import Entity, World, build_world, render_value
 
-#: the old name of :func:`hoprl.data.jsonl.write_questions`, kept while flows/data.py, cli/main.py
-#: and tests/services/trainer/ still import it from here
-write_jsonl = write_questions
-
 __all__ = [
     "DATASET", "PARAGRAPHS_PER_QUESTION", "Entity", "Hop", "SyntheticQuestion", "World", "build_world",
-    "generate", "hops_for", "read_jsonl", "render_value", "write_jsonl",
+    "generate", "hops_for", "read_jsonl", "render_value",
 ]  # fmt: skip

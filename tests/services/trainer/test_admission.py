@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hoprl.data.jsonl import DataError, load_questions
-from hoprl.data.synthetic import write_jsonl
+from hoprl.data.jsonl import DataError, load_questions, write_questions
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from services.local import LocalServer
@@ -29,7 +28,7 @@ def roots(tmp_path: Path, tiny_model: str, synthetic: dict[str, list[Question]])
     """A data root with a question file, a symlink out of it and a non-question file; a model root."""
     data = tmp_path / "data"
     data.mkdir()
-    write_jsonl(data / "train.jsonl", synthetic["train"])
+    write_questions(data / "train.jsonl", synthetic["train"])
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.jsonl").write_text(f"{SECRET}\n")

@@ -10,7 +10,7 @@ import pytest
 
 from hoprl.clients.http import ServiceError
 from hoprl.clients.trainer import TrainerClient
-from hoprl.data.synthetic import write_jsonl
+from hoprl.data.jsonl import write_questions
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from services.local import LocalServer
@@ -38,7 +38,7 @@ def job(tiny_model: str, data: Path, collection: str, steps: int = 2) -> dict[st
 @pytest.fixture()
 def data(tmp_path: Path, synthetic: dict[str, list[Question]]) -> Path:
     path = tmp_path / "train.jsonl"
-    write_jsonl(path, synthetic["train"])
+    write_questions(path, synthetic["train"])
     return path
 
 

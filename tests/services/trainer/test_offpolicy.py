@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hoprl.data.synthetic import write_jsonl
+from hoprl.data.jsonl import write_questions
 from hoprl.recipes import RECIPES
 from hoprl.recipes.base import Action
 from hoprl.recipes.evo_rag import EvoRag
@@ -53,7 +53,7 @@ def env(retriever_url: str, synthetic: dict[str, list[Question]],
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:  # fmt: skip
     tmp = tmp_path_factory.mktemp("offpolicy")
     data = tmp / "train.jsonl"
-    write_jsonl(data, synthetic["train"])
+    write_questions(data, synthetic["train"])
     settings = TrainerSettings(database_url=f"sqlite:///{tmp / 'registry.db'}", runs_dir=tmp / "runs",
                                retriever_url=retriever_url, torch_threads=1)  # fmt: skip
     with pytest.MonkeyPatch.context() as mp, Registry(settings.database_url) as registry:

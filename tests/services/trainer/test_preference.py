@@ -262,7 +262,7 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
     """Algorithm 1 in a job: each step's sibling pairs train the preference model, held-back pairs
     give preference/eval_accuracy in the registry, and every checkpoint holds the model. (With
     seed 0 and a share of 0.25 the first training question is the held-back one.)"""
-    from hoprl.data.synthetic import write_jsonl
+    from hoprl.data.jsonl import write_questions
     from hoprl.recipes import RECIPES
     from hoprl.registry.store import Registry
     from hoprl.schemas.trainer import Hyperparameters, JobRequest
@@ -271,7 +271,7 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
 
     monkeypatch.setitem(RECIPES, "evo-rag", ParityEvoRag)
     data = tmp_path / "train.jsonl"
-    write_jsonl(data, synthetic["train"])
+    write_questions(data, synthetic["train"])
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     settings = TrainerSettings(database_url=url, runs_dir=tmp_path / "runs", retriever_url=retriever_url,
                                torch_threads=1)  # fmt: skip

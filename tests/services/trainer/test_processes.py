@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from hoprl.clients.trainer import TrainerClient
 from hoprl.configs import load_config
-from hoprl.data.synthetic import write_jsonl
+from hoprl.data.jsonl import write_questions
 from hoprl.registry.models import EpisodeRow, MetricRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
@@ -48,7 +48,7 @@ def settings(tmp_path: Path, retriever_url: str, tiny_model: str) -> TrainerSett
 @pytest.fixture()
 def data(tmp_path: Path, synthetic: dict[str, list[Question]]) -> Path:
     path = tmp_path / "train.jsonl"
-    write_jsonl(path, synthetic["train"])
+    write_questions(path, synthetic["train"])
     return path
 
 

@@ -13,7 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hoprl.agent.trajectory import Episode, RetrievedDoc
-from hoprl.data.synthetic import hops_for, write_jsonl
+from hoprl.data.jsonl import write_questions
+from hoprl.data.synthetic import hops_for
 from hoprl.recipes import RECIPES
 from hoprl.recipes.base import Action
 from hoprl.recipes.r2ag import Node, R2ag, RetrievalTree, normalize_title
@@ -96,7 +97,7 @@ def test_round_expands_prunes_and_trains(tiny_model: str, retriever_url: str, co
     monkeypatch.setattr(TwoBranchR2ag, "parsed", itertools.count())
     monkeypatch.setitem(RECIPES, "r2ag", TwoBranchR2ag)
     data = tmp_path / "train.jsonl"
-    write_jsonl(data, [question])
+    write_questions(data, [question])
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     settings = TrainerSettings(database_url=url, runs_dir=tmp_path / "runs", retriever_url=retriever_url,
                                torch_threads=1)  # fmt: skip

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import delete
 
 from hoprl.agent.trajectory import Episode, Step
-from hoprl.data.synthetic import write_jsonl
+from hoprl.data.jsonl import write_questions
 from hoprl.registry.models import CheckpointRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
@@ -137,7 +137,7 @@ def uninterrupted(tiny_model: str, retriever_url: str, collection: str, syntheti
     """The same job, same seed, never killed: what every step draws."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     data = tmp / "train.jsonl"
-    write_jsonl(data, synthetic["train"])
+    write_questions(data, synthetic["train"])
     url = f"sqlite:///{tmp / 'registry.db'}"
     with Registry(url) as registry:
         run_id = submit(registry, job(tiny_model, collection, data)).id
@@ -151,7 +151,7 @@ def test_sigkill_then_resume(db_url: str, tiny_model: str, retriever_url: str, c
                              synthetic: dict[str, list[Question]], tmp_path: Path,
                              uninterrupted: Draws) -> None:  # fmt: skip
     data = tmp_path / "train.jsonl"
-    write_jsonl(data, synthetic["train"])
+    write_questions(data, synthetic["train"])
     env = environment(db_url, tmp_path / "runs", retriever_url)
     with Registry(db_url) as registry:
         run_id = submit(registry, job(tiny_model, collection, data)).id
