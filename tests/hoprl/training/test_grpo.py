@@ -425,3 +425,29 @@ def test_evo_rag_jobs_default_to_per_step_advantages() -> None:
     assert Hyperparameters().resolved("evo-rag").advantage == "per_step"
     assert Hyperparameters().resolved("search-r1").advantage == "sequence"
     assert Hyperparameters(advantage="sequence").resolved("evo-rag").advantage == "sequence"
+
+
+def test_the_config_trl_receives_for_vllm_rollouts_and_several_processes(tmp_path: Path) -> None:
+    colocate = Hyperparameters(generation="vllm", questions_per_step=4, num_generations=5, processes=2)
+    args = grpo_config(colocate.resolved("search-r1"), "grpo", 3, str(tmp_path), 0)
+    assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
+    assert args.vllm_importance_sampling_correction is True
+    assert args.per_device_train_batch_size == 4 * 5 // 2  # the global batch split over the processes
+    server = Hyperparameters(generation="vllm", vllm_mode="server", vllm_importance_sampling_correction=False)
+    args = grpo_config(server.resolved("search-r1"), "grpo", 3, str(tmp_path), 0)
+    assert (args.vllm_mode, args.vllm_server_base_url) == ("server", "http://127.0.0.1:8000")
+    assert args.vllm_importance_sampling_correction is False
+    named = Hyperparameters(generation="vllm", vllm_mode="server", vllm_server_url="http://gpu-2:8000")
+    assert grpo_config(named.resolved("search-r1"), "grpo", 3, str(tmp_path), 0).vllm_server_base_url == (
+        "http://gpu-2:8000"
+    )
+    plain = grpo_config(Hyperparameters().resolved("search-r1"), "grpo", 3, str(tmp_path), 0)
+    assert plain.use_vllm is False
+    with pytest.raises(ValueError, match="split evenly"):
+        grpo_config(
+            Hyperparameters(questions_per_step=3, processes=2).resolved("search-r1"),
+            "grpo",
+            3,
+            str(tmp_path),
+            0,
+        )
