@@ -1,5 +1,8 @@
 """The trainer's wire contracts: a job request, its hyperparameters and the job view.
 
+One cohesive module over ~400 lines: the contract and its defaults (presets, paper values) are
+read together; splitting them would hide where a default comes from.
+
 A job is one run in the run registry: the request is stored whole as the run's ``config``, so a
 job can be re-run (or resumed after a restart) from the registry alone.
 

@@ -1,5 +1,8 @@
 """PPO for multi-turn trajectories with step rewards (TRL removed its PPOTrainer).
 
+One cohesive module over ~400 lines: the algorithm (samples, critic, GAE, loss, step, its
+checkpoint files) reads best in one place, and every part is used only by the others.
+
 A trajectory is a :class:`~hoprl.agent.trajectory.TokenTrajectory`: prompt ids, completion ids and a
 mask (1 = the policy generated the token, 0 = injected text such as retrieved documents or chat
 template tokens). Its rewards are EVO-RAG's per-step rewards ``R_t``

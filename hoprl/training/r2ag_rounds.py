@@ -1,5 +1,8 @@
 """R2AG's progressive iterative training: grow a retrieval forest one level per round, train on it.
 
+One cohesive module over ~400 lines: the rounds loop with its advantages and surrogate loss (the
+recipe's forest and rewards are :mod:`hoprl.recipes.r2ag`).
+
 A *forest* holds the retrieval trees of a batch of questions (``questions_per_step`` questions,
 drawn with the job's seed; one tree each to begin with). **One round is one optimizer step (one
 registry step) and trains on the expansions of one tree level.** Round ``k`` of a forest:
