@@ -166,6 +166,8 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
                 recipe=recipe,
                 limit=args.limit,
                 concurrency=args.concurrency,
+                repeatable=args.repeatable,
+                batch_size=args.batch_size,
             )
             report.pop("predictions")
             rows.append(report)
@@ -278,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--recipe", nargs="+", default=["naive-rag"], help="one or more recipe names")
     ans.add_argument("--limit", type=int, default=200, help="first N questions (a fixed sample)")
     ans.add_argument("--concurrency", type=int, default=4)
+    ans.add_argument(
+        "--repeatable",
+        action="store_true",
+        help="answer through POST /v1/answer/batch: greedy lock-step rounds, the same answers every run",
+    )
+    ans.add_argument("--batch-size", type=int, default=16, help="--repeatable: questions per request")
     ans.add_argument("--policy-url", default=None)
     ans.add_argument("--retriever-url", default=None)
     ans.add_argument("--json", action="store_true", help="print the reports as one JSON list")

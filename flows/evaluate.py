@@ -2,7 +2,9 @@
 
 One evaluation is what an application would see: every question goes through ``POST /v1/answer``
 (:func:`hoprl.answer_eval.evaluate_answers`), so EM / F1, retrieval count and latency include the
-agent loop and the HTTP round trips. On top of that:
+agent loop and the HTTP round trips. With ``repeatable=True`` the questions go through
+``POST /v1/answer/batch`` instead (greedy lock-step rounds, fixed chunks): the same checkpoint and
+index then score the same on every run. On top of that:
 
 - **judge accuracy**: the judge service grades each answer (semantic equivalence, aliases); an
   unanswerable question counts as correct when the agent refused it;
@@ -70,10 +72,11 @@ def answer_questions(
     policy_url: str,
     retriever_url: str,
     out: str,
+    repeatable: bool = False,
 ) -> dict[str, Any]:
     """Ask the policy every question; write the per-question rows to ``out``, return the summary."""
     questions = load_questions(questions_path, limit)
-    report = evaluate_answers(policy_url, retriever_url, questions, recipe, collection)
+    report = evaluate_answers(policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report["predictions"], indent=1))
     return {k: report[k] for k in SUMMARY_KEYS if k in report}  # agent_*: only with gold paragraphs
@@ -150,6 +153,7 @@ def evaluate(
     dataset: str = "",
     limit: int | None = None,
     checkpoint_id: int | None = None,
+    repeatable: bool = False,
 ) -> dict[str, Any]:
     """Evaluate the policy as served now on ``questions_path[:limit]`` and publish the run's report.
 
@@ -157,12 +161,16 @@ def evaluate(
         label: the evaluation's name in the report; ``baseline`` is the reference of the p-values.
         dataset: the dataset's name in the report (default: the file's stem).
         checkpoint_id: the registry id of the checkpoint being served, if any.
+        repeatable: answer through ``/v1/answer/batch`` (greedy lock-step rounds: the same
+            answers on every run) instead of one ``/v1/answer`` request per question.
 
     Returns ``{"evaluation_id", "metrics", "report"}`` (``report``: the report's path).
     """
     split = Path(questions_path).stem
     out = run_dir(run_id) / "evals" / f"{label.replace('/', '-')}.json"
-    summary = answer_questions(questions_path, limit, recipe, collection, policy_url, retriever_url, str(out))
+    summary = answer_questions(
+        questions_path, limit, recipe, collection, policy_url, retriever_url, str(out), repeatable
+    )
     verdicts = judge_answers(str(out), questions_path, limit, judge_url)
     retrieval = retrieval_metrics(questions_path, limit, collection, retriever_url)
     rows = json.loads(out.read_text())
@@ -173,6 +181,7 @@ def evaluate(
         "label": label,
         "recipe": recipe,
         "collection": collection,
+        "repeatable": repeatable,
     }
     evaluation_id = registry().add_evaluation(
         run_id, dataset or split, split, metrics, predictions(rows, verdicts), checkpoint=checkpoint_id

@@ -1,7 +1,11 @@
 """Answer evaluation through the policy service: EM / F1, retrieval count and latency per recipe.
 
 Every question goes through ``POST /v1/answer`` exactly as an application would send it, so the
-numbers include the agent loop, the retriever round trips and the HTTP overhead.
+numbers include the agent loop, the retriever round trips and the HTTP overhead. With
+``repeatable=True`` the questions go through ``POST /v1/answer/batch`` instead, in fixed chunks of
+``batch_size``, one chunk after the other: each chunk is decoded greedily in lock-step rounds, so
+the same checkpoint and index give the same answers on every run (latency is then each episode's
+own time, not a round trip's).
 
     >>> report = evaluate_answers("http://127.0.0.1:8002", "http://127.0.0.1:8001",
     ...                           load_questions("../shared/data/hotpotqa_dev.jsonl"),
@@ -60,6 +64,7 @@ def _score(
         "em": exact_match(prediction or "", question.answers),
         "f1": f1(prediction or "", question.answers),
         "retrievals": sum(len(s.queries) for s in (reply.steps or [])) if reply else 0,
+        "queries": [q for s in (reply.steps or []) for q in s.queries] if reply else [],
         "outcome": reply.outcome if reply else "error",
         "constrained": reply.constrained if reply else False,
         "latency_s": latency,
@@ -94,6 +99,32 @@ async def _answer_all(
             return list(await asyncio.gather(*(one(q) for q in questions)))
         finally:
             await client.aclose()
+
+
+async def _answer_batches(
+    url: str, questions: Sequence[Question], recipe: str, collection: str, batch_size: int, timeout_s: float
+) -> list[dict[str, Any]]:
+    """``questions`` in chunks of ``batch_size`` through ``/v1/answer/batch``, one chunk at a time
+    (the chunks, hence the lock-step rounds, depend on the questions alone)."""
+    client, rows = AsyncPolicyClient(url, timeout=timeout_s), []
+    with progress() as bar:
+        task = bar.add_task(f"answering ({recipe}, lock-step)", total=len(questions))
+        try:
+            for i in range(0, len(questions), batch_size):
+                chunk = questions[i : i + batch_size]
+                try:
+                    batch = await client.answer_batch([q.question for q in chunk], recipe, collection,
+                                                      return_trace=True)  # fmt: skip
+                    rows += [
+                        _score(q, a, None, a.timings.total_s)
+                        for q, a in zip(chunk, batch.answers, strict=True)
+                    ]
+                except (ServiceError, httpx.TransportError) as exc:  # failed questions, not a failed run
+                    rows += [_score(q, None, f"{type(exc).__name__}: {exc}", 0.0) for q in chunk]
+                bar.advance(task, len(chunk))
+        finally:
+            await client.aclose()
+    return rows
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -138,6 +169,8 @@ def evaluate_answers(
     limit: int | None = None,
     concurrency: int = 4,
     timeout_s: float = 7200.0,
+    repeatable: bool = False,
+    batch_size: int = 16,
 ) -> dict[str, Any]:
     """EM / F1 / retrieval count / latency of ``recipe`` answering ``questions[:limit]``.
 
@@ -150,6 +183,10 @@ def evaluate_answers(
         timeout_s: how long the client waits for one answer. The service bounds each request by its
             own POLICY_REQUEST_TIMEOUT_S (a 504, counted as an error); this only has to be longer,
             since a loaded CPU can queue a question behind many others.
+        repeatable: answer through ``/v1/answer/batch`` in lock-step rounds (greedy, the same
+            answers on every run against the same checkpoint and index), ``batch_size`` questions a
+            request (at most the policy's POLICY_MAX_ROLLOUTS; each request must also finish within
+            its POLICY_REQUEST_TIMEOUT_S); ``concurrency`` is then unused.
 
     Returns the summary (``em``, ``f1``, ``retrieval_count``, ``latency_p50_s``, ...) with
     ``recipe``, ``collection``, ``seconds`` and per-question ``predictions``.
@@ -157,11 +194,15 @@ def evaluate_answers(
     collection = collection or prepare_collection(retriever_url, questions)
     sample = list(questions[:limit] if limit else questions)
     start = time.perf_counter()
-    rows = asyncio.run(_answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s))
+    if repeatable:
+        rows = asyncio.run(_answer_batches(policy_url, sample, recipe, collection, batch_size, timeout_s))
+    else:
+        rows = asyncio.run(_answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s))
     seconds = time.perf_counter() - start
     return {
         "recipe": recipe,
         "collection": collection,
+        "repeatable": repeatable,
         **summarize(rows),
         "seconds": seconds,
         "predictions": rows,

@@ -19,11 +19,15 @@ import httpx
 from hoprl.clients.http import ServiceClient, ServiceError, client_options
 from hoprl.clients.http import check as _check
 from hoprl.schemas import Question
-from hoprl.schemas.policy import AnswerResponse, CheckpointResponse, RolloutResponse
+from hoprl.schemas.policy import AnswerBatchResponse, AnswerResponse, CheckpointResponse, RolloutResponse
 
 
 def _answer_body(question: str, **fields: Any) -> dict[str, Any]:
     return {"question": question, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _batch_body(questions: list[str], **fields: Any) -> dict[str, Any]:
+    return {"questions": questions, **{k: v for k, v in fields.items() if v is not None}}
 
 
 def _rollouts_body(
@@ -39,7 +43,7 @@ def _rollouts_body(
 
 
 class PolicyClient(ServiceClient):
-    """Blocking client: ``answer``, ``rollouts``, ``switch_checkpoint``.
+    """Blocking client: ``answer``, ``answer_batch``, ``rollouts``, ``switch_checkpoint``.
 
     Args:
         admin_token: bearer token for :meth:`switch_checkpoint` (the service's POLICY_ADMIN_TOKEN).
@@ -64,6 +68,21 @@ class PolicyClient(ServiceClient):
             question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
         )
         return AnswerResponse.model_validate(_check(self.http.post("/v1/answer", json=body)))
+
+    def answer_batch(
+        self,
+        questions: list[str],
+        recipe: str | None = None,
+        collection: str | None = None,
+        max_steps: int | None = None,
+        return_trace: bool = False,
+        constrained: bool | None = None,
+    ) -> AnswerBatchResponse:
+        """Answer ``questions`` together in lock-step rounds, greedily: the same request to the same
+        checkpoint and index gives the same answers (``POST /v1/answer/batch``)."""
+        body = _batch_body(questions, recipe=recipe, collection=collection, max_steps=max_steps,
+                           return_trace=return_trace, constrained=constrained)  # fmt: skip
+        return AnswerBatchResponse.model_validate(_check(self.http.post("/v1/answer/batch", json=body)))
 
     def rollouts(
         self,
@@ -109,6 +128,20 @@ class AsyncPolicyClient:
             question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
         )
         return AnswerResponse.model_validate(_check(await self.http.post("/v1/answer", json=body)))
+
+    async def answer_batch(
+        self,
+        questions: list[str],
+        recipe: str | None = None,
+        collection: str | None = None,
+        max_steps: int | None = None,
+        return_trace: bool = False,
+        constrained: bool | None = None,
+    ) -> AnswerBatchResponse:
+        body = _batch_body(questions, recipe=recipe, collection=collection, max_steps=max_steps,
+                           return_trace=return_trace, constrained=constrained)  # fmt: skip
+        response = await self.http.post("/v1/answer/batch", json=body)
+        return AnswerBatchResponse.model_validate(_check(response))
 
     async def rollouts(
         self,

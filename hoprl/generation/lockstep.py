@@ -42,9 +42,10 @@ class Lockstep:
         self.rounds: list[list[int]] = []  # the episodes decoded in each round, in order
         self.decoding: asyncio.Task[None] | None = None
 
-    def chat(self, episode: int) -> _LockstepChat:
-        """Episode ``episode``'s model: a ChatModel whose calls wait for their round."""
-        return _LockstepChat(self, episode)
+    def chat(self, episode: int, **options: Any) -> _LockstepChat:
+        """Episode ``episode``'s model: a ChatModel whose calls wait for their round (``options``:
+        :class:`EngineChat`'s, e.g. the serving ``deadline`` and ``constraint``)."""
+        return _LockstepChat(self, episode, **options)
 
     async def run(self, episode: int, work: Awaitable[T]) -> T:
         """Await ``work`` (the episode); when it ends, however, later rounds stop waiting for it."""
@@ -116,8 +117,8 @@ async def lockstep_episodes(
 class _LockstepChat(EngineChat):
     """One episode's view of a :class:`Lockstep` (the runner's ChatModel): its calls wait for their round."""
 
-    def __init__(self, rounds: Lockstep, episode: int) -> None:
-        super().__init__(rounds.engine)
+    def __init__(self, rounds: Lockstep, episode: int, **options: Any) -> None:
+        super().__init__(rounds.engine, **options)
         self.rounds, self.episode = rounds, episode
 
     async def generate(self, messages: Messages, params: SamplingParams) -> list[Generation]:

@@ -1,5 +1,6 @@
-"""Wire models of the policy service's own routes: ``/v1/answer``, ``/v1/rollouts`` and
-``/v1/admin/checkpoint``. The OpenAI-compatible routes' models are :mod:`hoprl.schemas.policy_openai`.
+"""Wire models of the policy service's own routes: ``/v1/answer``, ``/v1/answer/batch``,
+``/v1/rollouts`` and ``/v1/admin/checkpoint``. The OpenAI-compatible routes' models are
+:mod:`hoprl.schemas.policy_openai`.
 
 The requests forbid unknown fields. The service validates requests with these models and documents
 them in its OpenAPI; :class:`hoprl.clients.policy.PolicyClient` parses the replies with the same classes.
@@ -55,6 +56,32 @@ class AnswerResponse(BaseModel):
     model: str
     constrained: bool = Field(False, description="every step was decoded under the recipe's action grammar")
     grammar: str | None = Field(None, description="that grammar's name and version, e.g. search-r1@1")
+
+
+class AnswerBatchRequest(BaseModel):
+    """Questions answered together in lock-step rounds (greedy, repeatable); the other fields
+    apply to every question, as in :class:`AnswerRequest`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    questions: list[str] = Field(
+        min_length=1, description="1 to POLICY_MAX_ROLLOUTS questions, each as AnswerRequest.question"
+    )
+    recipe: str | None = Field(None, description="e.g. naive-rag, search-r1; default POLICY_DEFAULT_RECIPE")
+    collection: str | None = Field(
+        None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
+    )
+    max_steps: int | None = Field(None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS)")
+    return_trace: bool = Field(False, description="include every step: text, queries, documents")
+    constrained: bool | None = Field(
+        None, description="decode under the recipe's action grammar; default POLICY_CONSTRAINED_DECODING"
+    )
+
+
+class AnswerBatchResponse(BaseModel):
+    answers: list[AnswerResponse] = Field(description="one per question, in the request's order")
+    rounds: int = Field(description="lock-step rounds decoded (each: every live episode's next turn)")
+    took_s: float
 
 
 class RolloutSampling(BaseModel):

@@ -22,6 +22,7 @@ from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.generation.vllm_engine import VllmEngine
 from services.errors import error_response, install_error_handlers
 from services.policy.agent import Policy
+from services.policy.batch_routes import batch_router
 from services.policy.routes import router
 from services.policy.settings import PolicySettings
 from services.security import install_api_key
@@ -66,6 +67,7 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_api_key(app)
     app.include_router(router)
+    app.include_router(batch_router)
 
     @app.get("/healthz", operation_id="healthz")
     def healthz() -> dict[str, str]:
