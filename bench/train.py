@@ -1,138 +1,126 @@
-"""Training benchmarks for the trainer's targets (CPU by default; long versions are for an idle box).
+"""Training benchmarks through the product path: the services a user's run starts, their APIs only.
 
     # 1. GRPO step wall time with and without multi-turn retrieval, in one run (from an SFT
     #    checkpoint that searches; the untrained model never does)
     python bench/train.py step-time --steps 3 --recipe when-to-search --dataset synthetic:0:2 \
-        --model runs/<run>/jobs/<sft job>/checkpoint-24
+        --model <out>/jobs/<sft job>/checkpoint-24
     # 2. SFT warm start, then GRPO with when-to-search on the synthetic world; dev EM and
     #    retrieval count for SFT-only and for SFT+GRPO at the end of stage 1 and of stage 2
     python bench/train.py when-to-search --dataset synthetic:0:2 --sft-steps 300 --grpo-steps 200 \
         --switch-step 100 --dev 150        (--sft-job JOB|CHECKPOINT reuses a warm start)
-    # 3. SFT warm start, then GRPO with arena on real data; EM/F1 on a fixed hotpotqa_dev sample
-    python bench/train.py arena --train ../shared/data/hotpotqa_train.jsonl \
-        --dev ../shared/data/hotpotqa_dev.jsonl --sft-steps 300 --grpo-steps 100 --dev-n 150
 
-Each training phase is a real trainer job (:func:`services.trainer.jobs.submit` +
-:func:`~services.trainer.jobs.run_job`, the code a worker runs) recorded in a registry under
-``--out`` (default ``.hoprl/bench/train``), with a retriever started in-process on embedded
-storage. Evaluation rolls out greedily (temperature 0) with the policy service's transformers
-engine, one sample per question, and pairs questions for the bootstrap p-value. Results are
-printed and written to ``<out>/<command>.json``, with ``<out>/<command>.png`` (the training reward
-per step beside each model's dev scores; ``python bench/train.py plot --out DIR`` redraws it).
-Short runs prove the pipeline; the targets need the long commands above. The machine is usually
-shared: compare numbers within one run.
+The services start as ``hoprl pipeline`` starts them (:func:`flows.stack.services`): a retriever
+on embedded storage under ``--out``, the policy, the judge and the trainer, each a process, with a
+run registry at ``<out>/registry.db``; a ``HOPRL_<SERVICE>_URL`` in the environment (or
+``--retriever-url``) uses a running one instead. Each training phase is a job submitted to the
+trainer's ``POST /v1/jobs`` (:class:`hoprl.clients.trainer.TrainerClient`) and waited for; each
+evaluated checkpoint is switched in through the policy's ``POST /v1/admin/checkpoint`` and
+evaluated through its ``POST /v1/answer/batch`` (:func:`hoprl.answer_eval.evaluate_answers` with
+``repeatable=True``: greedy lock-step rounds, so a checkpoint scores the same on every run). The
+evaluation therefore runs in the served shape (the policy's POLICY_* limits as the local stack sets
+them, the recipe's action grammar), exactly what a user's run reports. Questions are paired for the
+bootstrap p-value. Results are printed and written to ``<out>/<command>.json``, with
+``<out>/<command>.png`` (the training reward per step beside each model's dev scores;
+``python bench/train.py plot --out DIR`` redraws it). Short runs prove the pipeline; the targets
+need the long commands above. The machine is usually shared: compare numbers within one run.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
 
 import matplotlib
-import torch
 
 matplotlib.use("Agg")  # files only
 
 import matplotlib.pyplot as plt
 
-from hoprl.agent.trajectory import Episode
-from hoprl.clients.retriever import AsyncRetrieverClient
-from hoprl.data.jsonl import write_questions
+from flows.stack import ServiceUrls, admin_token, services
+from hoprl.answer_eval import evaluate_answers
+from hoprl.clients.policy import PolicyClient
+from hoprl.clients.retriever import RetrieverClient
+from hoprl.clients.trainer import TrainerClient
+from hoprl.data.corpus import pool
 from hoprl.data.sources import load
-from hoprl.generation.lockstep import lockstep_episodes
-from hoprl.generation.transformers_engine import TransformersEngine
-from hoprl.metrics.answer import exact_match, f1
-from hoprl.metrics.retrieval import full_recall_at_k
+from hoprl.evaluation import corpus_collection, ensure_indexed
 from hoprl.metrics.stats import paired_bootstrap
-from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
-from hoprl.schemas.trainer import Hyperparameters, JobRequest, LrScheduler
-from hoprl.training.hardware import bf16_mixed_precision
-from services.local import LocalServer
-from services.retriever.app import create_app
-from services.retriever.settings import RetrieverSettings
-from services.trainer.jobs import checkpoint_of, ensure_collection, run_job, submit
-from services.trainer.settings import TrainerSettings
+from hoprl.schemas.trainer import Hyperparameters, Job, JobRequest, LrScheduler
 
 log = logging.getLogger("bench.train")
+WAIT_S = 7 * 24 * 3600.0  # a job may train for days
 
 
-def train(registry: Registry, settings: TrainerSettings, request: JobRequest) -> tuple[str, str]:
-    """Run one job to the end in this process; returns (run id, final checkpoint folder)."""
-    run_id = submit(registry, request).id
-    registry.set_run_status(run_id, "running")
-    run_job(run_id, settings, registry)
-    registry.set_run_status(run_id, "succeeded")
-    latest = registry.latest_checkpoint(run_id)
-    assert latest is not None
-    return run_id, latest.path
+class Campaign:
+    """The services of one bench run and what it asks of them."""
+
+    def __init__(self, args: argparse.Namespace, urls: ServiceUrls, registry: Registry) -> None:
+        self.args, self.urls, self.registry = args, urls, registry
+        self.trainer = TrainerClient(urls.trainer, timeout=60.0)
+
+    def train(self, request: JobRequest) -> Job:
+        """Submit ``request`` to the trainer and wait for the job; raises unless it succeeded."""
+        job_id = self.trainer.submit(request).id
+        log.info("%s job %s: %s, %d steps", request.objective, job_id, request.recipe, request.steps)
+        job = self.trainer.wait(job_id, timeout=WAIT_S, poll=2.0)
+        if job.status != "succeeded" or not job.checkpoints:
+            raise RuntimeError(f"trainer job {job_id} ended {job.status}: {job.error}; see its worker.log")
+        log.info(
+            "%s job %s: succeeded at step %d, %s",
+            request.objective,
+            job_id,
+            job.step,
+            job.checkpoints[-1].path,
+        )
+        return job
+
+    def collection(self, questions: list[Question], name: str) -> str:
+        """The questions' pooled paragraphs in the retriever (indexed once; named by content)."""
+        documents = pool(questions)
+        collection = corpus_collection(name, documents)
+        with RetrieverClient(self.urls.retriever) as client:
+            ensure_indexed(client, collection, documents)
+        return collection
+
+    def evaluate(self, path: str, recipe: str, questions: list[Question], collection: str) -> dict[str, Any]:
+        """Serve checkpoint ``path`` and answer ``questions`` through ``/v1/answer/batch``: the scores
+        (:func:`scores`), kept under ``<out>/evals`` so later runs of the same ``--out`` reuse them."""
+        key = json.dumps([path, recipe, [q.id for q in questions], self.args.eval_batch]) + " answer/batch"
+        cache = self.args.out / "evals" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+        if cache.exists():
+            return dict(json.loads(cache.read_text()))
+        with PolicyClient(self.urls.policy, admin_token=admin_token(self.urls.policy)) as policy:
+            policy.switch_checkpoint(path)
+        report = evaluate_answers(self.urls.policy, self.urls.retriever, questions, recipe, collection,
+                                  repeatable=True, batch_size=self.args.eval_batch)  # fmt: skip
+        result = scores(report["predictions"])
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(result))
+        return result
+
+    def close(self) -> None:
+        self.trainer.close()
 
 
-def evaluate(path: str, recipe_name: str, questions: list[Question], retriever_url: str, collection: str,
-             recipe_config: dict[str, Any], max_turns: int, tokens: int) -> dict[str, Any]:  # fmt: skip
-    """Greedy episodes of checkpoint ``path``, scored by :func:`episode_scores`. Decoding
-    autocasts to bf16 where training does (:func:`bf16_mixed_precision`) and runs in lock-step
-    rounds (:func:`lockstep_episodes`), so a checkpoint scores the same in every process."""
-    engine = TransformersEngine(path, threads=1, autocast=bf16_mixed_precision())
-    recipe = get_recipe(recipe_name, **recipe_config)
-
-    async def run() -> list[Any]:
-        retriever = AsyncRetrieverClient(retriever_url)
-        try:
-            return await lockstep_episodes(recipe, questions, engine, retriever, collection,
-                                           max_steps=max_turns, max_new_tokens_per_step=tokens,
-                                           token_budget=4 * tokens * max_turns, temperature=0.0)  # fmt: skip
-        finally:
-            await retriever.aclose()
-
-    episodes = asyncio.run(run())
-    engine.close()
-    return episode_scores(episodes)
-
-
-def episode_scores(episodes: list[Episode]) -> dict[str, Any]:
-    """Per question (in order): EM, F1, retrieval count, the answer, the queries, and whether the
-    first search's results already listed every gold paragraph (``gold_first``: when one search
-    was enough); with the means EM, F1 and retrievals."""
-    em = [exact_match(e.final_answer or "", e.answers) if e.answers else float(e.refused) for e in episodes]
-    f1s = [f1(e.final_answer or "", e.answers) if e.answers else float(e.refused) for e in episodes]
-    rc = [float(e.retrieval_count) for e in episodes]
-    first = [next((s for s in e.steps if s.docs), None) for e in episodes]
-    listed = [[d.title for docs in s.docs for d in docs] if s else [] for s in first]
-    gold_first = [
-        full_recall_at_k(t, set(e.gold_titles), len(t)) for e, t in zip(episodes, listed, strict=True)
-    ]
+def scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per question (in order): EM, F1, retrieval count, the answer and the queries
+    (:func:`hoprl.answer_eval.evaluate_answers`' rows); with the means EM, F1 (in %) and retrievals.
+    A failed request counts 0 and shows as ``errors``."""
+    em, f1s, rc = [r["em"] for r in rows], [r["f1"] for r in rows], [float(r["retrievals"]) for r in rows]
     means = {"EM": 100 * sum(em) / len(em), "F1": 100 * sum(f1s) / len(f1s), "retrievals": sum(rc) / len(rc)}
-    return {"em": em, "f1": f1s, "rc": rc, "answers": [e.final_answer or "" for e in episodes],
-            "queries": [e.queries for e in episodes], "gold_first": gold_first, **means}  # fmt: skip
-
-
-def evaluate_once(out: Path, path: str, recipe: str, questions: list[Question], *rest: Any) -> dict[str, Any]:
-    """:func:`evaluate` (``rest``: its arguments after ``questions``), kept under ``<out>/evals`` so
-    that later campaigns of the same ``--out`` reuse a checkpoint's scores on the same questions
-    and settings. Lock-step decoding makes them exactly repeatable; scores cached before it (the
-    engine batched episodes as they arrived, and padding flipped near-ties: the same SFT checkpoint
-    scored 24 and 23 EM on 100 questions in two processes) have other keys and are not reused."""
-    key = json.dumps([path, recipe, [q.id for q in questions], *rest[2:]])  # not the URL or collection
-    key += " lockstep"
-    if bf16_mixed_precision():  # (so fp32 scores cached by earlier versions keep their keys)
-        key += " bf16"
-    cache = out / "evals" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
-    if cache.exists():
-        return dict(json.loads(cache.read_text()))
-    scores = evaluate(path, recipe, questions, *rest)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(scores))
-    return scores
+    return {"em": em, "f1": f1s, "rc": rc, "answers": [r["prediction"] or "" for r in rows],
+            "queries": [r["queries"] for r in rows], "errors": sum(r["error"] is not None for r in rows),
+            **means}  # fmt: skip
 
 
 def summary(name: str, scores: dict[str, Any]) -> dict[str, Any]:
@@ -140,51 +128,50 @@ def summary(name: str, scores: dict[str, Any]) -> dict[str, Any]:
             "retrievals": round(scores["retrievals"], 2)}  # fmt: skip
 
 
-def step_time(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
+def step_time(args: argparse.Namespace, run: Campaign) -> dict[str, Any]:
     """GRPO steps: the recipe multi-turn (retrieval between turns) vs the same recipe cut to one
     turn (no injected retrieval), same questions, same sampling. An untrained model never
     searches, so pass a warm-started ``--model`` (e.g. an SFT checkpoint) for a real comparison."""
     out = {}
     for label, turns in (("multi-turn retrieval", args.turns), ("single turn, no retrieval", 1)):
         hp = Hyperparameters(questions_per_step=args.questions, num_generations=args.generations,
-                             max_turns=turns, max_new_tokens_per_step=args.tokens,
+                             max_turns=turns, max_new_tokens_per_step=args.tokens, torch_threads=args.threads,
                              token_budget=args.tokens * turns * 4, save_steps=1000)  # fmt: skip
         request = JobRequest(recipe=args.recipe, dataset=args.dataset, model=args.model, steps=args.steps,
                              hyperparameters=hp)  # fmt: skip
-        run_id, _ = train(registry, settings, request)
-        series = {k: [v for _, v in registry.metric_series(run_id, k)]
+        job_id = run.train(request).id
+        series = {k: [v for _, v in run.registry.metric_series(job_id, k)]
                   for k in ("step_time", "rollout_s", "retrieval_s", "generation_s")}  # fmt: skip
         out[label] = {k: round(sum(v) / len(v), 3) for k, v in series.items() if v}
-        rows = registry.episodes(run_id)
+        rows = run.registry.episodes(job_id)
         searches = sum(len(s["queries"]) for r in rows for s in r.trajectory["steps"])
         out[label]["searches_per_episode"] = round(searches / max(len(rows), 1), 2)
     return out
 
 
-def when_to_search(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
+def when_to_search(args: argparse.Namespace, run: Campaign) -> dict[str, Any]:
     cfg: dict[str, Any] = {"switch_step": args.switch_step, "expert": args.expert}
-    common = {"max_turns": args.turns, "max_new_tokens_per_step": args.tokens, "recipe_config": cfg}
-    sft = JobRequest(
-        recipe="when-to-search",
-        objective="sft",
-        dataset=args.dataset,
-        steps=args.sft_steps,
-        hyperparameters=Hyperparameters(
-            questions_per_step=args.sft_questions, save_steps=args.sft_steps, **common
-        ),
-    )
-    if args.sft_job:  # reuse an SFT job of this registry (--out)
-        sft_id, sft_path = args.sft_job, checkpoint_of(registry, args.sft_job)
-    else:
-        sft_id, sft_path = train(registry, settings, sft)
     full_dev = load(args.dataset, "dev")
     dev = full_dev[: args.dev]
-    collection = ensure_collection(sft, load(args.dataset, "train") + full_dev, settings)
-    url = settings.retriever_url
+    collection = run.collection(load(args.dataset, "train") + full_dev, args.dataset.replace(":", "-"))
+    common = {"max_turns": args.turns, "max_new_tokens_per_step": args.tokens, "recipe_config": cfg,
+              "torch_threads": args.threads}  # fmt: skip
+    if args.sft_job:  # a job of this --out's trainer, or a checkpoint folder
+        sft_id = args.sft_job
+        sft_path = (
+            args.sft_job if Path(args.sft_job).is_dir() else run.trainer.get(sft_id).checkpoints[-1].path
+        )
+    else:
+        sft = JobRequest(
+            recipe="when-to-search", objective="sft", dataset=args.dataset, collection=collection,
+            steps=args.sft_steps, hyperparameters=Hyperparameters(
+                questions_per_step=args.sft_questions, save_steps=args.sft_steps, **common),
+        )  # fmt: skip
+        job = run.train(sft)
+        sft_id, sft_path = job.id, job.checkpoints[-1].path
 
     def score(path: str) -> dict[str, Any]:
-        rest = (url, collection, cfg, args.turns, args.tokens)
-        return evaluate_once(args.out, path, "when-to-search", dev, *rest)
+        return run.evaluate(path, "when-to-search", dev, collection)
 
     if args.grpo_steps == 0:  # the warm start alone
         return {"sft_job": sft_id, "table": [summary("sft", score(sft_path))]}
@@ -202,72 +189,23 @@ def when_to_search(args: argparse.Namespace, registry: Registry, settings: Train
         **common,
     )
     grpo = JobRequest(recipe="when-to-search", objective=args.objective, model=sft_id, dataset=args.dataset,
-                      steps=args.grpo_steps, hyperparameters=hp)  # fmt: skip
-    grpo_id, _ = train(registry, settings, grpo)
-    stage1 = next((c.path for c in registry.checkpoints(grpo_id) if c.step == args.switch_step), None)
-    final = registry.latest_checkpoint(grpo_id).path  # type: ignore[union-attr]
-    models = (("sft", sft_path), ("grpo_stage1", stage1), ("grpo_stage2", final))
+                      collection=collection, steps=args.grpo_steps, hyperparameters=hp)  # fmt: skip
+    job = run.train(grpo)
+    stage1 = next((c.path for c in job.checkpoints if c.step == args.switch_step), None)
+    models = (("sft", sft_path), ("grpo_stage1", stage1), ("grpo_stage2", job.checkpoints[-1].path))
     ev = {name: score(p) for name, p in models if p}
-    out: dict[str, Any] = {"table": [summary(k, v) for k, v in ev.items()]}
+    out: dict[str, Any] = {
+        "sft_job": sft_id,
+        "grpo_job": job.id,
+        "table": [summary(k, v) for k, v in ev.items()],
+    }
     for k in ("grpo_stage1", "grpo_stage2"):
         if k in ev:
             out[f"p_value EM {k} vs sft"] = paired_bootstrap(ev[k]["em"], ev["sft"]["em"]).p_value
-    out["reward_curve"] = registry.metric_series(grpo_id, "reward")
-    out["search_curve"] = registry.metric_series(grpo_id, "searches")
+    out["reward_curve"] = run.registry.metric_series(job.id, "reward")
+    out["search_curve"] = run.registry.metric_series(job.id, "searches")
     out["switch_step"] = args.switch_step
     return out
-
-
-def fewer_paragraphs(question: Question, n: int) -> Question:
-    """``question`` with its gold paragraphs and its first distractors, ``n`` in all, in their
-    original order: a shorter ARENA prompt (10 HotpotQA paragraphs are ~1,500 tokens, ~100 s per
-    2-episode SFT step on one CPU thread)."""
-    golds = sum(p.is_gold for p in question.paragraphs)
-    budget = max(n - golds, 0)
-    kept = []
-    for p in question.paragraphs:
-        if p.is_gold or budget > 0:
-            kept.append(p)
-            budget -= not p.is_gold
-    return question.model_copy(update={"paragraphs": kept})
-
-
-def arena_file(path: str, n: int | None, out: Path) -> str:
-    """``path`` itself, or a copy under ``out`` with ``n`` paragraphs per question."""
-    if not n:
-        return path
-    target = out / f"{Path(path).stem}-{n}p.jsonl"
-    write_questions(target, [fewer_paragraphs(q, n) for q in load(path)])
-    return str(target)
-
-
-def arena(args: argparse.Namespace, registry: Registry, settings: TrainerSettings) -> dict[str, Any]:
-    common = {"max_turns": 1, "max_new_tokens_per_step": args.tokens, "token_budget": args.tokens}
-    args.train = arena_file(args.train, args.paragraphs, args.out)
-    args.dev_file = arena_file(args.dev_file, args.paragraphs, args.out)
-    sft = JobRequest(
-        recipe="arena",
-        objective="sft",
-        dataset=args.train,
-        steps=args.sft_steps,
-        hyperparameters=Hyperparameters(
-            questions_per_step=args.sft_questions, save_steps=args.sft_steps, **common
-        ),
-    )
-    sft_id, sft_path = train(registry, settings, sft)
-    hp = Hyperparameters(questions_per_step=args.questions, save_steps=args.grpo_steps,
-                         num_generations=args.generations, **common)  # fmt: skip
-    grpo = JobRequest(recipe="arena", objective="grpo", model=sft_id, dataset=args.train,
-                      steps=args.grpo_steps, hyperparameters=hp)  # fmt: skip
-    grpo_id, grpo_path = train(registry, settings, grpo)
-    pool = load(args.dev_file)
-    dev = pool[:: max(1, len(pool) // args.dev_n)][: args.dev_n]  # a fixed, evenly spaced sample
-    untrained = settings.default_model or str(settings.model_cache)
-    ev = {name: evaluate(p, "arena", dev, settings.retriever_url, "unused", {}, 1, args.tokens)
-          for name, p in (("untrained", untrained), ("sft", sft_path), ("sft+grpo", grpo_path))}  # fmt: skip
-    return {"table": [summary(k, v) for k, v in ev.items()],
-            "p_value F1 sft+grpo vs sft": paired_bootstrap(ev["sft+grpo"]["f1"], ev["sft"]["f1"]).p_value,
-            "reward_curve": registry.metric_series(grpo_id, "reward")}  # fmt: skip
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
@@ -295,7 +233,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     right.bar([i - 0.2 for i in x], [row["EM"] for row in table], width=0.4, label="EM")
     right.bar([i + 0.2 for i in x], [row["F1"] for row in table], width=0.4, label="F1")
     for i, row in enumerate(table):
-        if row.get("retrievals"):  # (ARENA answers from given paragraphs: none)
+        if row.get("retrievals"):
             right.annotate(f"{row['retrievals']:.2f} retr.", (i, max(row["EM"], row["F1"])), ha="center",
                            xytext=(0, 3), textcoords="offset points", fontsize=8)  # fmt: skip
     right.set_xticks(list(x), names)
@@ -308,19 +246,28 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-@contextlib.contextmanager
-def retriever_url(args: argparse.Namespace) -> Iterator[str]:
-    """``--retriever-url`` as given, else a retriever started in-process on ``<out>/qdrant`` (its
-    URL is logged, so another process can evaluate against the same index)."""
+@contextmanager
+def campaign(args: argparse.Namespace) -> Iterator[Campaign]:
+    """The stack of a user's run on ``--out`` (its registry at ``<out>/registry.db`` unless
+    ``HOPRL_DATABASE_URL`` names one), with ``--retriever-url`` as a running retriever."""
+    os.environ.setdefault("HOPRL_DATABASE_URL", f"sqlite:///{args.out.resolve() / 'registry.db'}")
     if args.retriever_url:
-        yield args.retriever_url
-        return
-    with LocalServer(create_app(RetrieverSettings(storage_path=args.out / "qdrant"))) as server:
-        log.info("retriever: %s (pass it as --retriever-url to share this index)", server.url)
-        yield server.url
+        os.environ["HOPRL_RETRIEVER_URL"] = args.retriever_url
+    if args.sft_job and Path(args.sft_job).is_dir():  # the trainer loads models from its model roots only
+        os.environ["TRAINER_MODEL_ROOTS"] = str(Path(args.sft_job).resolve().parent)
+    with (
+        services(args.out.resolve(), model=None) as urls,
+        Registry(os.environ["HOPRL_DATABASE_URL"], owner="flows") as registry,  # reads only
+    ):
+        log.info("services: %s (HOPRL_RETRIEVER_URL=%s shares this index)", urls, urls.retriever)
+        run = Campaign(args, urls, registry)
+        try:
+            yield run
+        finally:
+            run.close()
 
 
-COMMANDS = {"step-time": step_time, "when-to-search": when_to_search, "arena": arena}
+COMMANDS = {"step-time": step_time, "when-to-search": when_to_search}
 
 
 def main() -> None:
@@ -348,7 +295,7 @@ def main() -> None:
     p.add_argument(
         "--sft-job",
         default=None,
-        help="when-to-search: reuse an SFT job of the --out registry (its id) or a checkpoint folder",
+        help="when-to-search: reuse an SFT job of the --out trainer (its id) or a checkpoint folder",
     )
     p.add_argument(
         "--expert",
@@ -374,23 +321,20 @@ def main() -> None:
     p.add_argument(
         "--dynamic-sampling", action="store_true", help="refill groups whose rewards have zero spread (DAPO)"
     )
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--turns", type=int, default=4, help="training: agent turns per episode")
     p.add_argument(
         "--tokens",
         type=int,
         default=64,
-        help="new tokens per agent step (a reflect + think + "
-        "search turn of the when-to-search protocol needs ~60)",
+        help="training: new tokens per agent step (a reflect + think + "
+        "search turn of the when-to-search protocol needs ~60); evaluation uses the policy's limits",
     )
     p.add_argument("--dev", type=int, default=20, help="when-to-search: dev questions")
-    p.add_argument("--dev-n", type=int, default=20, help="arena: dev questions (a fixed sample)")
-    p.add_argument("--train", default="../shared/data/hotpotqa_train.jsonl")
-    p.add_argument("--dev-file", default="../shared/data/hotpotqa_dev.jsonl", help="arena: dev questions")
     p.add_argument(
-        "--paragraphs",
+        "--eval-batch",
         type=int,
-        default=None,
-        help="arena: keep the gold and the first distractors, this many paragraphs per question",
+        default=20,
+        help="questions per /v1/answer/batch request (each must finish within POLICY_REQUEST_TIMEOUT_S)",
     )
     p.add_argument(
         "--retriever-url",
@@ -407,17 +351,12 @@ def main() -> None:
                 drawn = plot(json.loads(found.read_text()), found.with_suffix(".png"))
                 print(drawn or f"{found}: nothing to plot")
         return
-    torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    with (
-        retriever_url(args) as url,
-        Registry(f"sqlite:///{args.out / 'registry.db'}", owner="trainer") as reg,
-    ):
-        settings = TrainerSettings(runs_dir=args.out / "runs", retriever_url=url, torch_threads=args.threads)
-        result = COMMANDS[args.command](args, reg, settings)
+    with campaign(args) as run:
+        result = COMMANDS[args.command](args, run)
     result["wall_s"] = round(time.perf_counter() - start, 1)
-    result["threads"] = torch.get_num_threads()
+    result["threads"] = args.threads
     (args.out / f"{args.command}.json").write_text(json.dumps(result, indent=1))
     if drawn := plot(result, args.out / f"{args.command}.png"):
         log.info("plot: %s", drawn)
