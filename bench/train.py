@@ -345,6 +345,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="training threads (1: two share 2 cores)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not every poll of a job
     if args.command == "plot":
         for name in COMMANDS:
             if (found := args.out / f"{name}.json").exists():

@@ -1,20 +1,19 @@
-"""bench/train.py's plot: the reward curve and the evaluation table of a campaign's result."""
+"""bench/train.py: the plot of a campaign's result, and its scores from the evaluation's rows.
+
+The campaign itself (the local stack, trainer jobs, the policy's /v1/answer/batch) is what
+``tests/services/policy/test_batch.py`` and the trainer's tests cover, one service at a time."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
-import httpx
 import matplotlib.colors
 import matplotlib.image
 import numpy as np
 import pytest
-
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,33 +75,19 @@ def test_plot_command_redraws_every_result(bench: object, tmp_path: Path, monkey
     assert "step-time.json: nothing to plot" in capsys.readouterr().out
 
 
-def test_retriever_url_is_shared_or_started_on_the_out_folder(bench: object, tmp_path: Path,
-                                                             retriever_url: str) -> None:  # fmt: skip
-    shared = argparse.Namespace(retriever_url=retriever_url, out=tmp_path)
-    with bench.retriever_url(shared) as url:  # type: ignore[attr-defined]
-        assert url == retriever_url
-    assert not (tmp_path / "qdrant").exists()
-    own = argparse.Namespace(retriever_url=None, out=tmp_path)
-    with bench.retriever_url(own) as url:  # type: ignore[attr-defined]
-        assert url != retriever_url and httpx.get(f"{url}/readyz").json()["status"] == "ready"
-    assert (tmp_path / "qdrant").exists()
+def test_scores_keep_answers_queries_and_errors_of_the_evaluation_rows(bench: object) -> None:
+    def row(
+        prediction: str | None, em: float, queries: list[str], error: str | None = None
+    ) -> dict[str, object]:
+        return {"prediction": prediction, "em": em, "f1": em, "retrievals": len(queries), "queries": queries,
+                "error": error}  # fmt: skip
 
-
-def test_episode_scores_keep_answers_and_whether_the_first_search_was_enough(bench: object) -> None:
-    def doc(title: str) -> RetrievedDoc:
-        return RetrievedDoc(id=title, title=title, text="")
-
-    def episode(answer: str, searches: list[list[str]]) -> Episode:
-        steps = [Step(t=i + 1, action="search", text="", queries=[f"q{i}"], docs=[[doc(t) for t in titles]])
-                 for i, titles in enumerate(searches)]  # fmt: skip
-        return Episode(recipe="when-to-search", question_id="q", question="?", answers=["Paris"],
-                       gold_titles=["A", "B"], steps=steps, final_answer=answer)  # fmt: skip
-
-    scores = bench.episode_scores([  # type: ignore[attr-defined]
-        episode("Paris", [["A", "B", "C"]]),  # one search listed both gold paragraphs
-        episode("Lyon", [["A", "C"], ["B"]]),  # the second gold paragraph came with the second search
+    scores = bench.scores([  # type: ignore[attr-defined]
+        row("Paris", 1.0, ["q0"]),
+        row("Lyon", 0.0, ["q0", "q1"]),
+        row(None, 0.0, [], error="ServiceError: 504"),  # a failed request counts 0
     ])  # fmt: skip
-    assert scores["em"] == [1.0, 0.0] and scores["rc"] == [1.0, 2.0]
-    assert scores["gold_first"] == [1.0, 0.0]
-    assert scores["answers"] == ["Paris", "Lyon"] and scores["queries"] == [["q0"], ["q0", "q1"]]
-    assert (scores["EM"], scores["retrievals"]) == (50.0, 1.5)
+    assert scores["em"] == [1.0, 0.0, 0.0] and scores["rc"] == [1.0, 2.0, 0.0]
+    assert scores["answers"] == ["Paris", "Lyon", ""] and scores["queries"] == [["q0"], ["q0", "q1"], []]
+    assert scores["errors"] == 1 and round(scores["EM"], 1) == 33.3 and scores["retrievals"] == 1.0
+    assert bench.summary("sft", scores) == {"model": "sft", "EM": 33.3, "F1": 33.3, "retrievals": 1.0}  # type: ignore[attr-defined]
