@@ -31,7 +31,7 @@ from flows import fanout
 from flows.data import build_index, prepare_data
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
-from flows.runs import registry
+from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls
 from flows.training import boundaries, train
 from hoprl.clients.retriever import RetrieverClient
@@ -132,6 +132,28 @@ def test_evaluate_stores_predictions_and_publishes_the_report(
 
     # No pipeline flow run is linked to eval-run: the artifacts belong to the evaluate flow runs.
     assert {"eval-run-report", "eval-run-accuracy"} <= asyncio.run(all_keys())
+
+
+def test_evaluate_repeatable_answers_through_the_batch_route(
+    indexed: dict[str, Any], urls: ServiceUrls
+) -> None:
+    """``repeatable=True`` answers through ``/v1/answer/batch``: the scripted agent (deterministic)
+    gives the same predictions as through ``/v1/answer``, and the evaluation says how it ran."""
+    registry().create_run("eval-lockstep", "when-to-search", "grpo", "scripted", {}, 0)
+    test_path, collection = indexed["data"]["paths"]["test"], indexed["index"]["collection"]
+    args = ("eval-lockstep", test_path, collection, "when-to-search", urls.policy, urls.retriever, urls.judge)
+    one = evaluate(args[0], "one-by-one", *args[1:], dataset="synthetic")
+    batch = evaluate(args[0], "lockstep", *args[1:], dataset="synthetic", repeatable=True)
+    assert batch["metrics"]["repeatable"] and not one["metrics"]["repeatable"]
+    assert batch["metrics"]["questions"] == LIMIT and batch["metrics"]["errors"] == 0
+    rows = {
+        e: json.loads((run_dir("eval-lockstep") / "evals" / f"{e}.json").read_text())
+        for e in ("one-by-one", "lockstep")
+    }
+    keys = ("id", "prediction", "em", "retrievals", "queries", "outcome")
+    assert [{k: r[k] for k in keys} for r in rows["lockstep"]] == [
+        {k: r[k] for k in keys} for r in rows["one-by-one"]
+    ]
 
 
 def test_train_runs_segments_and_switches_stage(
