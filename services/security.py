@@ -25,7 +25,6 @@ no change to any route. The OpenAPI document still shows the lock on each protec
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hoprl.clients.http import API_KEY_ENV
 from hoprl.schemas import ErrorBody
+from hoprl.settings import get_settings
 from services.errors import error_response
 
 log = logging.getLogger("hoprl.security")
@@ -55,9 +55,10 @@ ADMIN_SCHEME = "AdminToken"
 
 def api_key_from_env() -> str | None:
     """``$HOPRL_API_KEY``, or None when unset or empty; a key that cannot travel in a header raises."""
-    key = os.environ.get(API_KEY_ENV, "")
-    if not key:
+    secret = get_settings().api_key
+    if secret is None:
         return None
+    key = secret.get_secret_value()
     if not key.isascii() or not key.isprintable() or key != key.strip() or " " in key:
         raise ValueError(
             f"{API_KEY_ENV} must be printable ASCII without spaces (it is sent as 'Authorization: "
