@@ -1,10 +1,10 @@
 """API keys for every service: one shared key, ``HOPRL_API_KEY``, checked by one ASGI middleware.
 
-Each service's app factory calls :func:`install_api_key`. With ``HOPRL_API_KEY`` set, every request
-needs ``Authorization: Bearer <key>``, except the health probes and the API docs
-(:data:`OPEN_PATHS`) and the admin routes (``/v1/admin/*``), which keep their own token
-(``POLICY_ADMIN_TOKEN``): there is one ``Authorization`` header, and the admin token is the
-stronger secret. Without the header (or with another scheme) the answer is 401 with
+Every service installs it (:func:`install_api_key`, called by :func:`services.app.create_service_app`).
+With ``HOPRL_API_KEY`` set, every request needs ``Authorization: Bearer <key>``, except the health
+probes and the API docs (:data:`OPEN_PATHS`) and the admin routes (``/v1/admin/*``), which keep
+their own token (``POLICY_ADMIN_TOKEN``): there is one ``Authorization`` header, and the admin
+token is the stronger secret. Without the header (or with another scheme) the answer is 401 with
 ``WWW-Authenticate: Bearer``; a wrong key is 403. Both carry the usual JSON error body. The key
 is compared with :func:`secrets.compare_digest`, so the time taken does not leak how many leading
 characters matched.
