@@ -14,6 +14,7 @@ starts) is seen by the next read::
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class HoprlSettings(BaseSettings):
     suite has its own (``HOPRL_TEST_POSTGRES_URL``), and every client reads this class.
     """
 
-    model_config = SettingsConfigDict(env_prefix="HOPRL_", env_ignore_empty=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="HOPRL_", env_ignore_empty=True, extra="ignore", frozen=True)
 
     api_key: SecretStr | None = Field(None, description="the services' shared API key; unset = open")
     database_url: str | None = Field(None, description="run registry URL; unset = the SQLite default")
@@ -84,5 +85,17 @@ class HoprlSettings(BaseSettings):
 
 
 def get_settings() -> HoprlSettings:
-    """The ``HOPRL_*`` settings as the environment holds them now (read on every call)."""
+    """The ``HOPRL_*`` settings as the environment holds them now (read on every call).
+
+    One object is parsed per distinct set of ``HOPRL_*`` values: pydantic-settings takes
+    milliseconds to build one, and every client asks when it is made.
+    """
+    return _parse(
+        tuple(sorted((k.upper(), v) for k, v in os.environ.items() if k.upper().startswith("HOPRL_")))
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _parse(environment: tuple[tuple[str, str], ...]) -> HoprlSettings:
+    """``environment`` is the cache key: the ``HOPRL_*`` variables the settings are read from."""
     return HoprlSettings()
