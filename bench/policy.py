@@ -33,7 +33,7 @@ import openai
 import torch
 
 from hoprl.answer_eval import prepare_collection
-from hoprl.clients.http import client_options
+from hoprl.clients.http import api_key, client_options
 from hoprl.data.jsonl import load_questions
 from hoprl.generation.engines import SamplingParams
 from hoprl.generation.model import resolve_model
@@ -147,7 +147,7 @@ async def stream_timings(
     url: str, questions: list[Question], tokens: int, clients: int
 ) -> tuple[list[float], list[float]]:
     """Seconds to the first text chunk and to the end of each streamed chat completion, at the client."""
-    key = os.environ.get("HOPRL_API_KEY") or "unused"
+    key = api_key() or "unused"
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
     model = (await client.models.list()).data[0].id
     semaphore = asyncio.Semaphore(clients)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from hoprl.schemas.trainer import Job, JobRequest
+from hoprl.settings import get_settings
 
 DEFAULT_TRAINER_URL = "http://127.0.0.1:8004"
 POLL_S = 2.0
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    url = args.trainer_url or os.environ.get("HOPRL_TRAINER_URL") or DEFAULT_TRAINER_URL
+    url = args.trainer_url or get_settings().trainer_url or DEFAULT_TRAINER_URL
     with TrainerClient(url) as client:
         try:
             created = client.submit(request)

@@ -13,7 +13,9 @@ only a prefork child dies. The second run writes nothing new:
   a redelivered call returns the first verdict);
 - :func:`embed_batch` ingests through the retriever, which upserts by document id.
 
-Configuration (environment, read at import; the flow's process and every worker must agree):
+Configuration (environment, :class:`hoprl.settings.HoprlSettings`, read when Celery first needs its
+configuration: a worker as it starts, the flow's process at its first fan-out; the flow's process
+and every worker must agree):
 
 - ``HOPRL_CELERY_BROKER_URL``: broker *and* result backend (default ``redis://127.0.0.1:6379/1``);
 - ``HOPRL_FANOUT_TIMEOUT``: seconds :func:`fan_out` waits for a group before it gives up (default
@@ -43,7 +45,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -67,12 +68,10 @@ from hoprl.registry import total_reward
 from hoprl.registry.shared import from_environment
 from hoprl.schemas import Document, Question
 from hoprl.schemas.judge import AnswerableItem, AnswerItem
+from hoprl.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-BROKER_URL = os.environ.get("HOPRL_CELERY_BROKER_URL", "redis://127.0.0.1:6379/1")
-FANOUT_TIMEOUT_S = float(os.environ.get("HOPRL_FANOUT_TIMEOUT", "3600"))
-VISIBILITY_TIMEOUT_S = max(1, int(FANOUT_TIMEOUT_S / 4))  # see the module docstring
 JUDGE_CACHE_TTL_S = 30 * 24 * 3600
 # Transient I/O failures worth another attempt; anything else (a 4xx, a bug) fails the unit at once.
 IO_ERRORS = (httpx.TransportError, openai.APIConnectionError, redis.ConnectionError, redis.TimeoutError)
@@ -86,7 +85,27 @@ def _restore_options(visibility_timeout: int) -> dict[str, int]:
     return {"unacked_restore_interval": interval, "unacked_restore_throttle": max(1, period // interval)}
 
 
-app = Celery("hoprl", broker=BROKER_URL, backend=BROKER_URL)
+def visibility_timeout_s(fanout_timeout_s: float) -> int:
+    """A quarter of the fan-out's wait (see the module docstring)."""
+    return max(1, int(fanout_timeout_s / 4))
+
+
+def environment_config() -> dict[str, Any]:
+    """The Celery settings the ``HOPRL_*`` variables decide (broker, eager, timeouts)."""
+    config = get_settings()
+    visibility = visibility_timeout_s(config.fanout_timeout)
+    return {
+        "broker_url": config.broker_url,
+        "result_backend": config.broker_url,
+        "task_always_eager": config.celery_eager,
+        "broker_transport_options": {"visibility_timeout": visibility, **_restore_options(visibility)},
+        "result_backend_transport_options": {"visibility_timeout": visibility},
+    }
+
+
+app = Celery("hoprl")
+# Read when the configuration is first needed, not at import; app.conf and use_eager override it.
+app.add_defaults(environment_config)
 app.conf.update(
     task_serializer="json",
     result_serializer="json",
@@ -95,14 +114,8 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     task_track_started=True,
-    task_always_eager=os.environ.get("HOPRL_CELERY_EAGER") == "1",
     task_eager_propagates=True,
     broker_connection_retry_on_startup=True,
-    broker_transport_options={
-        "visibility_timeout": VISIBILITY_TIMEOUT_S,
-        **_restore_options(VISIBILITY_TIMEOUT_S),
-    },
-    result_backend_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S},
     result_expires=7 * 24 * 3600,
     worker_hijack_root_logger=False,
 )
@@ -330,7 +343,7 @@ def fan_out(
         return []
     # Fresh copies: a signature listed twice must still be two messages with two task ids.
     units = [u.clone(queue=queue) if queue else u.clone() for u in units]
-    timeout = FANOUT_TIMEOUT_S if timeout is None else timeout
+    timeout = get_settings().fanout_timeout if timeout is None else timeout
     result = group(units).apply_async()
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

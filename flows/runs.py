@@ -17,7 +17,6 @@ ledger and skips every marked stage, so a killed pipeline resumes where it stopp
 from __future__ import annotations
 
 import functools
-import os
 import re
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from prefect.runtime import flow_run
 
 from hoprl.registry.models import RunRow
 from hoprl.registry.shared import from_environment
+from hoprl.settings import get_settings
 
 LEDGER = "pipeline/"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -36,7 +36,7 @@ registry = functools.partial(from_environment, "flows")
 
 def runs_dir() -> Path:
     """Where run folders live: ``$HOPRL_RUNS_DIR``, default ``runs`` (shared with the trainer in compose)."""
-    return Path(os.environ.get("HOPRL_RUNS_DIR", "runs")).resolve()
+    return get_settings().runs_dir.resolve()
 
 
 def run_dir(run_id: str) -> Path:

@@ -40,15 +40,16 @@ import httpx
 
 from flows import fanout
 from hoprl.schemas.trainer import CPU_PRESET
+from hoprl.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-# service -> (the ASGI app ``hoprl serve`` runs, the environment variable naming a running one)
+# service -> the ASGI app ``hoprl serve`` runs (a running one is named by HOPRL_<SERVICE>_URL)
 APPS = {
-    "retriever": ("services.retriever.app:app", "HOPRL_RETRIEVER_URL"),
-    "judge": ("services.judge.app:app", "HOPRL_JUDGE_URL"),
-    "policy": ("services.policy.app:app", "HOPRL_POLICY_URL"),
-    "trainer": ("services.trainer.app:app", "HOPRL_TRAINER_URL"),
+    "retriever": "services.retriever.app:app",
+    "judge": "services.judge.app:app",
+    "policy": "services.policy.app:app",
+    "trainer": "services.trainer.app:app",
 }
 # /v1/answer limits of the policy a local run starts: the trainer's cpu preset episode shape (4 turns,
 # 512 tokens of context growth), so a CPU run is evaluated in the shape it was trained in. A step
@@ -82,7 +83,8 @@ _TOKENS: dict[str, str] = {}
 def admin_token(policy_url: str) -> str | None:
     """The token for ``POST /v1/admin/checkpoint``: the one made for a local policy, else
     ``$HOPRL_POLICY_ADMIN_TOKEN`` (the policy's ``POLICY_ADMIN_TOKEN``)."""
-    return _TOKENS.get(policy_url) or os.environ.get("HOPRL_POLICY_ADMIN_TOKEN")
+    token = get_settings().policy_admin_token
+    return _TOKENS.get(policy_url) or (token.get_secret_value() if token else None)
 
 
 def die_with_parent() -> None:
@@ -128,7 +130,7 @@ def local_process(name: str, env: Mapping[str, str], logs: Path) -> Iterator[str
         sys.executable,
         "-m",
         "uvicorn",
-        APPS[name][0],
+        APPS[name],
         "--host",
         "127.0.0.1",
         "--port",
@@ -188,13 +190,17 @@ def services(run_dir: Path, model: str | None = None) -> Iterator[ServiceUrls]:
         run_dir: the run's folder (embedded Qdrant storage, trainer jobs, service logs).
         model: the policy's starting model (HF id or folder); None = the bundled default.
     """
-    fanout.use_eager("HOPRL_CELERY_BROKER_URL" not in os.environ)
-    token = os.environ.get("HOPRL_POLICY_ADMIN_TOKEN") or secrets.token_urlsafe(16)
+    config = get_settings()
+    fanout.use_eager(config.celery_broker_url is None)
+    secret = config.policy_admin_token
+    token = secret.get_secret_value() if secret else secrets.token_urlsafe(16)
+    running = {"retriever": config.retriever_url, "judge": config.judge_url,
+               "policy": config.policy_url, "trainer": config.trainer_url}  # fmt: skip
     urls: dict[str, str] = {}
     with ExitStack() as stack:
-        for name, (_, variable) in APPS.items():  # retriever first: policy and trainer call it
-            if os.environ.get(variable):
-                urls[name] = os.environ[variable].rstrip("/")
+        for name in APPS:  # retriever first: policy and trainer call it
+            if url := running[name]:
+                urls[name] = url.rstrip("/")
                 wait_ready(name, urls[name], None, None)
                 continue
             env = service_env(name, run_dir, urls, token, model)

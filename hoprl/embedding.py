@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +20,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
+
+from hoprl.settings import get_settings
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 Backend = Literal["torch", "onnx", "onnx-int8"]
@@ -167,6 +168,7 @@ def load_embedder(
 @functools.lru_cache(maxsize=4)
 def get_embedder(model: str | None = None, max_length: int = 256) -> Embedder:
     """A process-wide embedder (loading takes ~1 s; reuse it)."""
-    if os.environ.get("HOPRL_TORCH_THREADS"):
-        torch.set_num_threads(int(os.environ["HOPRL_TORCH_THREADS"]))
+    threads = get_settings().torch_threads
+    if threads:
+        torch.set_num_threads(threads)
     return Embedder(model, max_length=max_length)

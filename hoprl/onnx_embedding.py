@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hoprl.embedding import DEFAULT_EMBEDDER, TextEncoder, default_model_path
+from hoprl.settings import get_settings
 
 # Lists of at most this many texts (a search request's queries) run on a one-thread session:
 # a parallel region on a 2-core box waits for a descheduled thread when the other core is busy.
@@ -35,10 +36,7 @@ SMALL_BATCH = 4
 
 
 def cache_root() -> Path:
-    base = os.environ.get("HOPRL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hoprl"
-    )
-    return Path(base) / "onnx"
+    return get_settings().cache_dir / "onnx"
 
 
 def _cache_key(model_path: Path, quantize: bool) -> str:

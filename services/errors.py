@@ -1,7 +1,8 @@
 """One error shape for every service: 4xx/5xx answers carry :class:`hoprl.schemas.ErrorBody`.
 
-:func:`install_error_handlers` is the one call each app makes (before it includes its routers). It
-installs, for every route of the service:
+:func:`install_error_handlers` is the one call every app makes (in
+:func:`services.app.create_service_app`, before the routers are included). It installs, for every
+route of the service:
 
 - the JSON error body for :class:`ApiError`, validation errors, Starlette's HTTP errors and crashes;
 - ``Allow`` on every 405, listing every method the path answers (Starlette names only the first

@@ -1,10 +1,10 @@
 """API keys for every service: one shared key, ``HOPRL_API_KEY``, checked by one ASGI middleware.
 
-Each service's app factory calls :func:`install_api_key`. With ``HOPRL_API_KEY`` set, every request
-needs ``Authorization: Bearer <key>``, except the health probes and the API docs
-(:data:`OPEN_PATHS`) and the admin routes (``/v1/admin/*``), which keep their own token
-(``POLICY_ADMIN_TOKEN``): there is one ``Authorization`` header, and the admin token is the
-stronger secret. Without the header (or with another scheme) the answer is 401 with
+Every service installs it (:func:`install_api_key`, called by :func:`services.app.create_service_app`).
+With ``HOPRL_API_KEY`` set, every request needs ``Authorization: Bearer <key>``, except the health
+probes and the API docs (:data:`OPEN_PATHS`) and the admin routes (``/v1/admin/*``), which keep
+their own token (``POLICY_ADMIN_TOKEN``): there is one ``Authorization`` header, and the admin
+token is the stronger secret. Without the header (or with another scheme) the answer is 401 with
 ``WWW-Authenticate: Bearer``; a wrong key is 403. Both carry the usual JSON error body. The key
 is compared with :func:`secrets.compare_digest`, so the time taken does not leak how many leading
 characters matched.
@@ -25,7 +25,6 @@ no change to any route. The OpenAPI document still shows the lock on each protec
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hoprl.clients.http import API_KEY_ENV
 from hoprl.schemas import ErrorBody
+from hoprl.settings import get_settings
 from services.errors import error_response
 
 log = logging.getLogger("hoprl.security")
@@ -55,9 +55,10 @@ ADMIN_SCHEME = "AdminToken"
 
 def api_key_from_env() -> str | None:
     """``$HOPRL_API_KEY``, or None when unset or empty; a key that cannot travel in a header raises."""
-    key = os.environ.get(API_KEY_ENV, "")
-    if not key:
+    secret = get_settings().api_key
+    if secret is None:
         return None
+    key = secret.get_secret_value()
     if not key.isascii() or not key.isprintable() or key != key.strip() or " " in key:
         raise ValueError(
             f"{API_KEY_ENV} must be printable ASCII without spaces (it is sent as 'Authorization: "

@@ -7,10 +7,11 @@ argument when given, else ``$HOPRL_API_KEY`` (what the services themselves read;
 
 from __future__ import annotations
 
-import os
 from typing import Any, Self
 
 import httpx
+
+from hoprl.settings import get_settings
 
 # Keep-alive: the client must drop an idle connection before the server does. With both at 5 s
 # (httpx's and uvicorn's defaults), a request sent on a connection the server is just closing
@@ -24,8 +25,10 @@ API_KEY_ENV = "HOPRL_API_KEY"
 
 def api_key(explicit: str | None = None) -> str | None:
     """The key to send: ``explicit`` when given (``""`` = send none), else ``$HOPRL_API_KEY``."""
-    key = os.environ.get(API_KEY_ENV) if explicit is None else explicit
-    return key or None
+    if explicit is not None:
+        return explicit or None
+    key = get_settings().api_key
+    return key.get_secret_value() if key else None
 
 
 def client_options(timeout: float, kwargs: dict[str, Any]) -> dict[str, Any]:

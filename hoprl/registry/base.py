@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 from hoprl.registry.migrate import migrate
 from hoprl.registry.models import Base, RunRow
 from hoprl.registry.ownership import RUN_OWNER, TABLE_OWNER, Owner, check_owner, validate_owner
+from hoprl.settings import get_settings
 
 DEFAULT_URL = "sqlite:///.hoprl/registry.db"
 
@@ -61,7 +61,7 @@ class RegistryBase:
     def __init__(self, url: str | URL | None = None, owner: Owner | None = None) -> None:
         validate_owner(owner)
         self.owner = owner
-        self.url = make_url(url or os.environ.get("HOPRL_DATABASE_URL") or DEFAULT_URL)
+        self.url = make_url(url or get_settings().database_url or DEFAULT_URL)
         self.engine = _engine(self.url)
         migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)

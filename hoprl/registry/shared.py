@@ -8,10 +8,10 @@ and their Celery fan-out open theirs with ``from_environment("flows")``.
 from __future__ import annotations
 
 import functools
-import os
 
 from hoprl.registry.ownership import Owner
 from hoprl.registry.store import Registry
+from hoprl.settings import get_settings
 
 
 @functools.cache
@@ -22,7 +22,7 @@ def _open(url: str | None, owner: Owner) -> Registry:
 def from_environment(owner: Owner) -> Registry:
     """The registry at ``$HOPRL_DATABASE_URL`` (default: the SQLite file ``.hoprl/registry.db``),
     writing as ``owner``: only that owner's records (see :mod:`hoprl.registry.ownership`)."""
-    return _open(os.environ.get("HOPRL_DATABASE_URL"), owner)
+    return _open(get_settings().database_url, owner)
 
 
 def forget() -> None:

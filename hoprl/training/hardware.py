@@ -12,17 +12,18 @@ multi-turn episodes held 16 GB, too much next to the other services on a 24 GB m
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
+from hoprl.settings import get_settings
+
 
 def bf16_mixed_precision() -> bool:
     """Whether training and rollouts autocast to bf16 here (see the module docstring)."""
-    override = os.environ.get("HOPRL_BF16", "").strip().lower()
-    if override:
-        return override not in ("0", "false", "no", "off")
+    override = get_settings().bf16
+    if override is not None:
+        return override
     if torch.cuda.is_available():
         return True
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence the guard

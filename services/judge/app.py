@@ -4,18 +4,29 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-import hoprl
-from services.errors import error_response, install_error_handlers
+from services.app import create_service_app
+from services.errors import ApiError
 from services.judge.backends import make_backend
 from services.judge.cache import make_cache
-from services.judge.routes import router
+from services.judge.routes import BackendDep, CacheDep, SettingsDep, router
 from services.judge.settings import JudgeSettings
-from services.security import install_api_key
+
+
+async def ready(backend: BackendDep, cache: CacheDep, settings: SettingsDep) -> dict[str, Any]:
+    """Redis answers (when configured) and the LLM endpoint serves the model (backend openai)."""
+    try:
+        await cache.ping()
+    except RedisError as exc:
+        raise ApiError(503, "redis_unavailable", f"Redis at JUDGE_REDIS_URL did not answer: {exc}") from None
+    problem = await backend.ready()
+    if problem is not None:
+        raise ApiError(503, "llm_unavailable", problem)
+    return {"backend": settings.backend, "cache": cache.name, "model": backend.model or None}
 
 
 def create_app(settings: JudgeSettings | None = None) -> FastAPI:
@@ -31,37 +42,9 @@ def create_app(settings: JudgeSettings | None = None) -> FastAPI:
             await app.state.cache.close()
             await app.state.backend.close()
 
-    app = FastAPI(
-        title="hoprl judge",
-        version=hoprl.__version__,
-        description="Answer equivalence and answerability verdicts: rules, or an LLM with a rules fallback.",
-        lifespan=lifespan,
-    )
+    description = "Answer equivalence and answerability verdicts: rules, or an LLM with a rules fallback."
+    app = create_service_app("judge", description, lifespan, router, ready)
     app.state.settings = settings
-    install_error_handlers(app)
-    install_api_key(app)
-    app.include_router(router)
-
-    @app.get("/healthz", operation_id="healthz")
-    def healthz() -> dict[str, str]:
-        """The process is alive (no dependency is called)."""
-        return {"status": "ok"}
-
-    @app.get("/readyz", operation_id="readyz", responses={503: {"description": "not ready"}})
-    async def readyz() -> JSONResponse:
-        """Redis answers (when configured) and the LLM endpoint serves the model (backend openai)."""
-        if getattr(app.state, "backend", None) is None:
-            return error_response(503, "not_ready", "the judge is still starting")
-        try:
-            await app.state.cache.ping()
-        except RedisError as exc:
-            return error_response(503, "redis_unavailable", f"Redis at JUDGE_REDIS_URL did not answer: {exc}")
-        problem = await app.state.backend.ready()
-        if problem is not None:
-            return error_response(503, "llm_unavailable", problem)
-        body = {"status": "ready", "backend": settings.backend, "cache": app.state.cache.name}
-        return JSONResponse(body | {"model": app.state.backend.model or None})
-
     return app
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
@@ -20,13 +20,43 @@ from hoprl.schemas.judge import (
 from services.errors import ERROR_RESPONSES, ApiError
 from services.judge.backends import Backend
 from services.judge.cache import VerdictCache, cache_key
+from services.judge.settings import JudgeSettings
 
 router = APIRouter(responses=ERROR_RESPONSES)
 Item = TypeVar("Item", AnswerItem, AnswerableItem)
 
 
-def _check_batch(items: Sequence[BaseModel], request: Request) -> None:
-    limit: int = request.app.state.settings.max_batch
+# The lifespan's state, as dependencies: a test can hand the routes another backend or cache
+# (app.dependency_overrides); async, so resolving them takes no thread from the pool.
+
+
+async def backend_of(request: Request) -> Backend:
+    """The backend the lifespan made; 503 before it has."""
+    backend: Backend | None = getattr(request.app.state, "backend", None)
+    if backend is None:
+        raise ApiError(503, "not_ready", "the judge is still starting")
+    return backend
+
+
+async def cache_of(request: Request) -> VerdictCache:
+    """The verdict cache the lifespan opened; 503 before it has."""
+    cache: VerdictCache | None = getattr(request.app.state, "cache", None)
+    if cache is None:
+        raise ApiError(503, "not_ready", "the judge is still starting")
+    return cache
+
+
+async def settings_of(request: Request) -> JudgeSettings:
+    settings: JudgeSettings = request.app.state.settings
+    return settings
+
+
+BackendDep = Annotated[Backend, Depends(backend_of)]
+CacheDep = Annotated[VerdictCache, Depends(cache_of)]
+SettingsDep = Annotated[JudgeSettings, Depends(settings_of)]
+
+
+def _check_batch(items: Sequence[BaseModel], limit: int) -> None:
     if len(items) > limit:
         raise ApiError(
             413,
@@ -40,11 +70,10 @@ async def _judge(
     items: list[Item],
     judge: Callable[[list[Item]], Awaitable[list[JudgeVerdict]]],
     version: str,
-    request: Request,
+    backend: Backend,
+    cache: VerdictCache,
 ) -> VerdictsResponse:
     """Serve cached verdicts, judge the rest in one backend batch, cache what the backend decided."""
-    backend: Backend = request.app.state.backend
-    cache: VerdictCache = request.app.state.cache
     keys = [cache_key(backend.name, backend.model, version, kind, i.model_dump()) for i in items]
     try:
         stored = await cache.get_many(keys)
@@ -68,24 +97,27 @@ async def _judge(
 
 
 @router.post("/v1/judge/answer", operation_id="judge_answer")
-async def judge_answer(body: AnswerRequest, request: Request) -> VerdictsResponse:
+async def judge_answer(
+    body: AnswerRequest, backend: BackendDep, cache: CacheDep, settings: SettingsDep
+) -> VerdictsResponse:
     """Is each prediction the same answer as one of its references? One verdict per item, in order.
 
     ``score`` is the token F1 for the rules backend and 1/0 for an LLM verdict; ``version`` names
     the rules or the prompt that decided (e.g. ``answer_equivalence@1``).
     """
-    _check_batch(body.items, request)
-    backend: Backend = request.app.state.backend
-    return await _judge("answer", body.items, backend.answer, backend.answer_version, request)
+    _check_batch(body.items, settings.max_batch)
+    return await _judge("answer", body.items, backend.answer, backend.answer_version, backend, cache)
 
 
 @router.post("/v1/judge/answerable", operation_id="judge_answerable")
-async def judge_answerable(body: AnswerableRequest, request: Request) -> VerdictsResponse:
+async def judge_answerable(
+    body: AnswerableRequest, backend: BackendDep, cache: CacheDep, settings: SettingsDep
+) -> VerdictsResponse:
     """Can each question be answered from its evidence alone? (EVO-RAG's refusal check.)
 
     With ``references`` the rules look for a reference answer in the evidence (``[]`` means the
     question has no answer, so it is not answerable); without, for the question's content words.
     """
-    _check_batch(body.items, request)
-    backend: Backend = request.app.state.backend
-    return await _judge("answerable", body.items, backend.answerable, backend.answerable_version, request)
+    _check_batch(body.items, settings.max_batch)
+    version = backend.answerable_version
+    return await _judge("answerable", body.items, backend.answerable, version, backend, cache)

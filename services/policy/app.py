@@ -8,24 +8,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-import hoprl
 from hoprl.generation.engines import Engine
 from hoprl.generation.model import resolve_model
 from hoprl.generation.openai_engine import OpenAIEngine
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.generation.vllm_engine import VllmEngine
-from services.errors import error_response, install_error_handlers
+from services.app import create_service_app
+from services.errors import ApiError
 from services.policy.agent import Policy
 from services.policy.batch_routes import batch_router
+from services.policy.openai_routes import PolicyDep
 from services.policy.routes import router
 from services.policy.settings import PolicySettings
-from services.security import install_api_key
 
 
 def create_engine(settings: PolicySettings) -> Engine:
@@ -44,6 +44,22 @@ def create_engine(settings: PolicySettings) -> Engine:
     )  # fmt: skip
 
 
+async def ready(policy: PolicyDep) -> dict[str, Any]:
+    """The model is loaded and the retriever answers its /readyz."""
+    try:
+        response = await policy.retriever.http.get("/readyz", timeout=5.0)
+        retriever = "ready" if response.status_code == 200 else f"HTTP {response.status_code}"
+    except httpx.TransportError as exc:
+        retriever = f"unreachable ({type(exc).__name__})"
+    if retriever != "ready":
+        raise ApiError(
+            503, "retriever_unavailable",
+            f"the retriever at {policy.settings.retriever_url} is not ready: {retriever}",
+            {"model": True, "retriever": retriever},
+        )  # fmt: skip
+    return {"model": policy.model_id, "engine": policy.settings.engine}
+
+
 def create_app(settings: PolicySettings | None = None) -> FastAPI:
     settings = settings or PolicySettings()
 
@@ -57,42 +73,12 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
             await app.state.policy.aclose()
             engine.close()
 
-    app = FastAPI(
-        title="hoprl policy",
-        version=hoprl.__version__,
-        description="The policy model served: OpenAI-compatible completions, /v1/answer for apps "
-        "(a recipe's agent loop against the retriever), token-level rollouts, checkpoint switching.",
-        lifespan=lifespan,
+    description = (
+        "The policy model served: OpenAI-compatible completions, /v1/answer for apps "
+        "(a recipe's agent loop against the retriever), token-level rollouts, checkpoint switching."
     )
-    install_error_handlers(app)
-    install_api_key(app)
-    app.include_router(router)
+    app = create_service_app("policy", description, lifespan, router, ready)
     app.include_router(batch_router)
-
-    @app.get("/healthz", operation_id="healthz")
-    def healthz() -> dict[str, str]:
-        """The process is alive (no dependency is called)."""
-        return {"status": "ok"}
-
-    @app.get("/readyz", operation_id="readyz", responses={503: {"description": "not ready"}})
-    async def readyz() -> JSONResponse:
-        """The model is loaded and the retriever answers its /readyz."""
-        policy: Policy | None = getattr(app.state, "policy", None)
-        if policy is None:
-            return error_response(503, "not_ready", "the model is still loading", {"model": False})
-        try:
-            response = await policy.retriever.http.get("/readyz", timeout=5.0)
-            retriever = "ready" if response.status_code == 200 else f"HTTP {response.status_code}"
-        except httpx.TransportError as exc:
-            retriever = f"unreachable ({type(exc).__name__})"
-        if retriever != "ready":
-            return error_response(
-                503, "retriever_unavailable",
-                f"the retriever at {settings.retriever_url} is not ready: {retriever}",
-                {"model": True, "retriever": retriever},
-            )  # fmt: skip
-        return JSONResponse({"status": "ready", "model": policy.model_id, "engine": settings.engine})
-
     return app
 
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from hoprl.agent.trajectory import Episode
 from hoprl.generation.chat import EngineChat
@@ -34,17 +34,17 @@ from hoprl.schemas.policy import (
 )
 from services.errors import ApiError
 from services.policy.agent import Policy, citations, within
-from services.policy.openai_routes import policy_of
+from services.policy.openai_routes import PolicyDep
 from services.policy.routes import POLICY_ERRORS
 
 batch_router = APIRouter(responses=POLICY_ERRORS)
 
 
 @batch_router.post("/v1/answer/batch", operation_id="answer_batch")
-async def answer_batch(body: AnswerBatchRequest, request: Request) -> AnswerBatchResponse:
+async def answer_batch(body: AnswerBatchRequest, policy: PolicyDep) -> AnswerBatchResponse:
     """Answer questions in lock-step rounds at temperature 0 (repeatable); items as /v1/answer's."""
     start = time.perf_counter()
-    answers, rounds = await lockstep_answers(policy_of(request), body)
+    answers, rounds = await lockstep_answers(policy, body)
     return AnswerBatchResponse(answers=answers, rounds=rounds, took_s=time.perf_counter() - start)
 
 

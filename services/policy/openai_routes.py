@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from functools import partial
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 from starlette.concurrency import run_in_threadpool
@@ -48,7 +49,7 @@ from services.errors import ApiError
 from services.policy.agent import Policy
 from services.policy.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from services.policy.settings import PolicySettings
-from services.policy.streaming import LiveStream, sse
+from services.policy.streaming import Chunks, LiveStream, replay
 
 SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {}}}}
 # /v1/models can only fail as any route can; the generation routes add their own errors.
@@ -59,9 +60,20 @@ GENERATION_RESPONSES = SSE_RESPONSE | OPENAI_ERRORS
 # -- shared request handling -----------------------------------------------------------------------
 
 
-def policy_of(request: Request) -> Policy:
-    policy: Policy = request.app.state.policy
+async def policy_of(request: Request) -> Policy:
+    """The policy the lifespan loaded; 503 while the model is loading.
+
+    A dependency, so a test can hand the routes another policy (``app.dependency_overrides``);
+    ``async`` so that resolving it takes no thread from the pool: with every thread decoding, a
+    request must still reach its 429 at once.
+    """
+    policy: Policy | None = getattr(request.app.state, "policy", None)
+    if policy is None:
+        raise ApiError(503, "not_ready", "the model is still loading", {"model": False})
     return policy
+
+
+PolicyDep = Annotated[Policy, Depends(policy_of)]
 
 
 def _bad(code: str, message: str, param: str | None) -> ApiError:
@@ -146,21 +158,36 @@ def _usage(gens: list[Generation], prompts: int) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def _usage_chunk(prompts: int) -> Callable[[list[Generation]], dict[str, Any]]:
+def _usage_chunk(body: _OpenAIRequest, prompts: int) -> Callable[[list[Generation]], dict[str, Any]] | None:
+    """The closing chunk's usage, when the request asks for it (``stream_options.include_usage``)."""
+    if not (body.stream_options and body.stream_options.include_usage):
+        return None
     return lambda gens: _usage(gens, prompts).model_dump()
 
 
-def _streamed(policy: Policy, prompts: Sequence[Prompt], params: SamplingParams) -> Any:
-    """``generate(on_text)`` for :meth:`LiveStream.start`: this request, streaming to ``on_text``."""
-    return lambda on_text: _generate(policy, prompts, replace(params, on_text=on_text))
+async def _stream(
+    policy: Policy,
+    prompts: Sequence[Prompt],
+    params: SamplingParams,
+    chunks: Chunks,
+    logprobs: Callable[[Generation], dict[str, Any] | None] | None = None,
+) -> StreamingResponse:
+    """``stream: true``: the text live as decoded, or replayed once decoding ends when the request
+    asks for log-probs (``logprobs`` puts them on each replayed piece)."""
+    if not params.logprobs:
+        live = await LiveStream.start(
+            lambda on_text: _generate(policy, prompts, replace(params, on_text=on_text))
+        )
+        return StreamingResponse(live.events(chunks, len(prompts) * params.n), media_type="text/event-stream")
+    gens = [g for group in await _generate(policy, prompts, params) for g in group]
+    return StreamingResponse(replay(chunks, gens, logprobs), media_type="text/event-stream")
 
 
 # -- routes --------------------------------------------------------------------------------------
 
 
 @openai_router.get("/v1/models", operation_id="list_models")
-def list_models(request: Request) -> ModelList:
-    policy = policy_of(request)
+def list_models(policy: PolicyDep) -> ModelList:
     card = ModelCard(id=policy.model_id, created=int(time.time()), root=policy.engine.model_path)
     return ModelList(data=[card])
 
@@ -171,9 +198,8 @@ def list_models(request: Request) -> ModelList:
     response_model=ChatCompletionResponse,
     responses=GENERATION_RESPONSES,
 )
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI chat completions: the model's chat template, then sampling (``stream`` for SSE)."""
-    policy = policy_of(request)
     model = _check(policy, body)
     params = _sampling(policy.settings, body, body.max_completion_tokens or body.max_tokens, 256)
     top = body.top_logprobs or 0
@@ -185,18 +211,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     messages = [m.template(parse_arguments=policy.settings.engine == "transformers") for m in body.messages]
     _check_tools_render(policy, messages)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    include = bool(body.stream_options and body.stream_options.include_usage)
-    if body.stream and not body.logprobs:
-        live = await LiveStream.start(_streamed(policy, [messages], params))
-        opening = [{"index": i, "delta": {"role": "assistant", "content": ""}} for i in range(body.n)]
-        events = live.events(head, opening, _chat_piece, _chat_end, _usage_chunk(1) if include else None)
-        return StreamingResponse(events, media_type="text/event-stream")
-    (gens,) = await _generate(policy, [messages], params)
-    usage = _usage(gens, 1)
     if body.stream:
-        chunks = _chat_chunks(head, gens, top, usage if include else None)
-        return StreamingResponse(chunks, media_type="text/event-stream")
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        chunks = Chunks(head, _chat_piece, _chat_end, _chat_opening, _usage_chunk(body, 1))
+        return await _stream(policy, [messages], params, chunks, partial(_piece_logprobs, top=top))
+    (gens,) = await _generate(policy, [messages], params)
     choices = [
         ChatChoice(
             index=i,
@@ -207,6 +226,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         )
         for i, g in enumerate(gens)
     ]
+    usage = _usage(gens, 1)
     return ChatCompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
 
 
@@ -216,9 +236,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     response_model=CompletionResponse,
     responses=GENERATION_RESPONSES,
 )
-async def completions(body: CompletionRequest, request: Request) -> Any:
+async def completions(body: CompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI (legacy) text completions: the prompt as raw text, no chat template."""
-    policy = policy_of(request)
     model = _check(policy, body)
     prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
     if not prompts or not all(p.strip() for p in prompts):
@@ -229,18 +248,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     top = body.logprobs or 0
     params = replace(params, logprobs=body.logprobs is not None, top_logprobs=top)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    head = {"id": rid, "object": "text_completion", "created": created, "model": model}
-    include = bool(body.stream_options and body.stream_options.include_usage)
-    if body.stream and body.logprobs is None:
-        live = await LiveStream.start(_streamed(policy, prompts, params))
-        usage_chunk = _usage_chunk(len(prompts)) if include else None
-        events = live.events(head, [], _completion_piece, _completion_end, usage_chunk)
-        return StreamingResponse(events, media_type="text/event-stream")
-    gens = [g for group in await _generate(policy, prompts, params) for g in group]
-    usage = _usage(gens, len(prompts))
     if body.stream:
-        chunks = _completion_chunks(head, gens, usage if include else None)
-        return StreamingResponse(chunks, media_type="text/event-stream")
+        head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        chunks = Chunks(head, _completion_piece, _completion_end, usage=_usage_chunk(body, len(prompts)))
+        return await _stream(policy, prompts, params, chunks)
+    gens = [g for group in await _generate(policy, prompts, params) for g in group]
     choices = [
         CompletionChoice(
             index=i,
@@ -251,10 +263,15 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         )
         for i, g in enumerate(gens)
     ]
+    usage = _usage(gens, len(prompts))
     return CompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
 
 
 # -- chunks --------------------------------------------------------------------------------------
+
+
+def _chat_opening(i: int) -> dict[str, Any]:
+    return {"index": i, "delta": {"role": "assistant", "content": ""}}
 
 
 def _chat_piece(i: int, text: str) -> dict[str, Any]:
@@ -275,50 +292,7 @@ def _completion_end(i: int, g: Generation) -> dict[str, Any]:
     return end | {"finish_reason": g.finish_reason, "stop_reason": g.stop_reason}
 
 
-# -- replayed streams (logprobs) and log-probs -------------------------------------------------------
-
-
-def _pieces(g: Generation) -> list[tuple[str, slice]]:
-    """The text as token-sized pieces for a replayed stream, each with the token indices it covers."""
-    pieces: list[tuple[str, slice]] = []
-    at = 0
-    for i, t in enumerate(g.tokens):
-        if at >= len(g.text) or not t or not g.text.startswith(t, at):
-            break
-        pieces.append((t, slice(i, i + 1)))
-        at += len(t)
-    if at < len(g.text):  # the rest (a multi-byte character split over tokens, or no token info)
-        pieces.append((g.text[at:], slice(len(pieces), len(g.tokens))))
-    return pieces
-
-
-def _chat_chunks(
-    head: dict[str, Any], gens: list[Generation], top: int, usage: Usage | None
-) -> Iterator[str]:
-    for i, g in enumerate(gens):
-        yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}}]})
-        for text, tokens in _pieces(g):
-            choice = _chat_piece(i, text)
-            if g.logprobs is not None:
-                part = Generation(text, g.finish_reason, None, [], g.tokens[tokens], g.logprobs[tokens])
-                part.top_logprobs = g.top_logprobs[tokens] if g.top_logprobs else None
-                logprobs = _chat_logprobs(part, top)
-                choice["logprobs"] = logprobs.model_dump() if logprobs else None
-            yield sse({**head, "choices": [choice]})
-        yield sse({**head, "choices": [_chat_end(i, g)]})
-    if usage is not None:
-        yield sse({**head, "choices": [], "usage": usage.model_dump()})
-    yield sse("[DONE]")
-
-
-def _completion_chunks(head: dict[str, Any], gens: list[Generation], usage: Usage | None) -> Iterator[str]:
-    for i, g in enumerate(gens):
-        for text, _ in _pieces(g):
-            yield sse({**head, "choices": [_completion_piece(i, text)]})
-        yield sse({**head, "choices": [_completion_end(i, g)]})
-    if usage is not None:
-        yield sse({**head, "choices": [], "usage": usage.model_dump()})
-    yield sse("[DONE]")
+# -- log-probs ---------------------------------------------------------------------------------
 
 
 def _chat_logprobs(g: Generation, top: int) -> ChatLogprobs | None:
@@ -338,6 +312,12 @@ def _chat_logprobs(g: Generation, top: int) -> ChatLogprobs | None:
             for t, lp, d in zip(g.tokens, g.logprobs, tops, strict=True)
         ]
     )
+
+
+def _piece_logprobs(part: Generation, top: int) -> dict[str, Any] | None:
+    """The log-probs of a replayed chat piece."""
+    logprobs = _chat_logprobs(part, top)
+    return logprobs.model_dump() if logprobs else None
 
 
 def _completion_logprobs(g: Generation, top: int) -> CompletionLogprobs | None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -26,7 +26,7 @@ from hoprl.schemas.policy import (
     RolloutResponse,
 )
 from services.errors import ERROR_RESPONSES, ApiError, error_response
-from services.policy.openai_routes import openai_router, policy_of
+from services.policy.openai_routes import PolicyDep, openai_router
 
 POLICY_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
@@ -43,15 +43,14 @@ hoprl_router = APIRouter(responses=POLICY_ERRORS)
 
 
 @hoprl_router.post("/v1/answer", operation_id="answer")
-async def answer(body: AnswerRequest, request: Request) -> AnswerResponse:
+async def answer(body: AnswerRequest, policy: PolicyDep) -> AnswerResponse:
     """Answer a question with a recipe's agent loop against the retriever: answer, citations, trace."""
-    return await policy_of(request).answer(body)
+    return await policy.answer(body)
 
 
 @hoprl_router.post("/v1/rollouts", operation_id="rollouts")
-async def rollouts(body: RolloutRequest, request: Request) -> RolloutResponse:
+async def rollouts(body: RolloutRequest, policy: PolicyDep) -> RolloutResponse:
     """Questions x n_samples episodes as token-level trajectories (masks, log-probs) for training."""
-    policy = policy_of(request)
     start = time.perf_counter()
     out = await policy.rollouts(body)
     return RolloutResponse(
@@ -75,10 +74,9 @@ def _unauthorized(message: str) -> JSONResponse:
     },
 )
 async def switch_checkpoint(
-    body: CheckpointRequest, request: Request, authorization: str | None = Header(None)
+    body: CheckpointRequest, policy: PolicyDep, authorization: str | None = Header(None)
 ) -> Any:
     """Load another checkpoint and serve it without a restart (``Authorization: Bearer <token>``)."""
-    policy = policy_of(request)
     token = policy.settings.admin_token
     scheme, _, given = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not given.strip():

@@ -1,7 +1,16 @@
-"""Streaming to the wire: the engine's text pieces (:mod:`hoprl.generation.streaming`) as server-sent events.
+"""Streaming to the wire: a generation's text as server-sent events, for chat and text completions.
 
-:class:`LiveStream` runs a generation off the event loop, collects those pieces
-on an asyncio queue and turns them into server-sent events as they arrive.
+Both OpenAI routes stream the same way and differ only in their chunks (:class:`Chunks`: a chat
+choice carries ``delta.content`` and opens with the assistant role, a text completion carries
+``text``). A stream goes out in one of two ways:
+
+- live (:class:`LiveStream`): the engine's text pieces (:mod:`hoprl.generation.streaming`) are
+  collected on an asyncio queue off the event loop and sent as they arrive;
+- replayed (:func:`replay`): a finished generation cut into token-sized pieces, for a request
+  that asks for log-probs (known only once decoding ends).
+
+Either way every choice ends with its ``finish_reason``, then come the ``usage`` chunk (when the
+request asks for it) and ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -9,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,7 +42,73 @@ def sse(payload: BaseModel | dict[str, Any] | str) -> str:
     return f"data: {body}\n\n"
 
 
-# -- to the wire -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Chunks:
+    """The chunks of one streamed response.
+
+    ``head`` (id, object, created, model) goes into every chunk; ``piece(i, text)`` is choice
+    ``i``'s next text, ``end(i, g)`` its finish; ``opening(i)`` (chat) opens choice ``i`` before
+    any text; ``usage(gens)`` is the closing usage chunk's, when the request asked for one.
+    """
+
+    head: dict[str, Any]
+    piece: Callable[[int, str], dict[str, Any]]
+    end: Callable[[int, Generation], dict[str, Any]]
+    opening: Callable[[int], dict[str, Any]] | None = None
+    usage: Callable[[list[Generation]], dict[str, Any]] | None = None
+
+    def event(self, choice: dict[str, Any]) -> str:
+        return sse({**self.head, "choices": [choice]})
+
+    def closing(self, gens: list[Generation]) -> Iterator[str]:
+        """The usage chunk (when asked for) and ``[DONE]``."""
+        if self.usage is not None:
+            yield sse({**self.head, "choices": [], "usage": self.usage(gens)})
+        yield sse("[DONE]")
+
+
+# -- replayed ---------------------------------------------------------------------------------------
+
+
+def pieces(g: Generation) -> list[tuple[str, slice]]:
+    """The text as token-sized pieces for a replayed stream, each with the token indices it covers."""
+    out: list[tuple[str, slice]] = []
+    at = 0
+    for i, t in enumerate(g.tokens):
+        if at >= len(g.text) or not t or not g.text.startswith(t, at):
+            break
+        out.append((t, slice(i, i + 1)))
+        at += len(t)
+    if at < len(g.text):  # the rest (a multi-byte character split over tokens, or no token info)
+        out.append((g.text[at:], slice(len(out), len(g.tokens))))
+    return out
+
+
+def replay(
+    chunks: Chunks,
+    gens: list[Generation],
+    logprobs: Callable[[Generation], dict[str, Any] | None] | None = None,
+) -> Iterator[str]:
+    """Finished generations as a stream, choice after choice: opened, in pieces, ended.
+
+    With ``logprobs``, each piece of a choice that has log-probs carries ``logprobs(part)``,
+    ``part`` being the piece as a generation of its own tokens.
+    """
+    for i, g in enumerate(gens):
+        if chunks.opening is not None:
+            yield chunks.event(chunks.opening(i))
+        for text, tokens in pieces(g):
+            choice = chunks.piece(i, text)
+            if logprobs is not None and g.logprobs is not None:
+                part = Generation(text, g.finish_reason, None, [], g.tokens[tokens], g.logprobs[tokens])
+                part.top_logprobs = g.top_logprobs[tokens] if g.top_logprobs else None
+                choice["logprobs"] = logprobs(part)
+            yield chunks.event(choice)
+        yield chunks.event(chunks.end(i, g))
+    yield from chunks.closing(gens)
+
+
+# -- live -------------------------------------------------------------------------------------------
 
 OnText = Callable[[int, str], None]
 
@@ -41,7 +117,7 @@ class LiveStream:
     """A generation running off the event loop whose text pieces arrive on a queue as decoded.
 
     live = await LiveStream.start(lambda on_text: generate(replace(params, on_text=on_text)))
-    return StreamingResponse(live.events(head, [], piece, end), media_type="text/event-stream")
+    return StreamingResponse(live.events(chunks, n), media_type="text/event-stream")
     """
 
     queue: asyncio.Queue[tuple[int, str] | None]
@@ -70,24 +146,18 @@ class LiveStream:
             live.task.result()
         return live
 
-    async def events(
-        self,
-        head: dict[str, Any],
-        opening: list[dict[str, Any]],
-        piece: Callable[[int, str], dict[str, Any]],
-        end: Callable[[int, Generation], dict[str, Any]],
-        usage: Callable[[list[Generation]], dict[str, Any]] | None = None,
-    ) -> AsyncIterator[str]:
-        """The SSE lines: the ``opening`` choices, each piece as it comes, then each choice's rest
-        and end, the ``usage`` chunk and ``[DONE]``. A failure after the first piece is an
-        ``{"error": ...}`` event, which the openai client raises as an ``APIError``."""
-        for choice in opening:
-            yield sse({**head, "choices": [choice]})
+    async def events(self, chunks: Chunks, choices: int) -> AsyncIterator[str]:
+        """The SSE lines: every choice's opening (chat), each piece as it comes, then each choice's
+        rest and end, and the closing. A failure after the first piece is an ``{"error": ...}``
+        event, which the openai client raises as an ``APIError``."""
+        if chunks.opening is not None:
+            for i in range(choices):
+                yield chunks.event(chunks.opening(i))
         sent: dict[int, str] = {}
         item = self.first
         while item is not None:
             sent[item[0]] = sent.get(item[0], "") + item[1]
-            yield sse({**head, "choices": [piece(*item)]})
+            yield chunks.event(chunks.piece(*item))
             item = await self.queue.get()
         try:
             gens = [g for group in await self.task for g in group]
@@ -99,8 +169,7 @@ class LiveStream:
             if not g.text.startswith(streamed):  # TextStream's invariant; a tokenizer could break it
                 log.warning("choice %d streamed %r, which does not begin its text %r", i, streamed, g.text)
             if rest := g.text[len(streamed) :]:
-                yield sse({**head, "choices": [piece(i, rest)]})
-            yield sse({**head, "choices": [end(i, g)]})
-        if usage is not None:
-            yield sse({**head, "choices": [], "usage": usage(gens)})
-        yield sse("[DONE]")
+                yield chunks.event(chunks.piece(i, rest))
+            yield chunks.event(chunks.end(i, g))
+        for line in chunks.closing(gens):
+            yield line

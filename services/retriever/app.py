@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
-import hoprl
-from services.errors import error_response, install_error_handlers
+from services.app import create_service_app
+from services.errors import ApiError
 from services.retriever.index import HybridIndex
-from services.retriever.routes import router
+from services.retriever.routes import IndexDep, router
 from services.retriever.settings import RetrieverSettings
-from services.security import install_api_key
+
+
+def ready(index: IndexDep) -> dict[str, Any]:
+    """Qdrant storage answers and the embedder is loaded."""
+    try:
+        names = index.store.names()
+    except Exception as exc:  # any storage failure means "not ready", reported by name
+        raise ApiError(503, "qdrant_unavailable", f"Qdrant did not answer: {exc}") from None
+    return {"collections": len(names), "embedder": index.embedder.name}
 
 
 def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
@@ -27,34 +35,8 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         finally:
             app.state.index.close()
 
-    app = FastAPI(
-        title="hoprl retriever",
-        version=hoprl.__version__,
-        description="Hybrid (dense + BM25, RRF-fused) search over Qdrant collections.",
-        lifespan=lifespan,
-    )
-    install_error_handlers(app)
-    install_api_key(app)
-    app.include_router(router)
-
-    @app.get("/healthz", operation_id="healthz")
-    def healthz() -> dict[str, str]:
-        """The process is alive (no dependency is called)."""
-        return {"status": "ok"}
-
-    @app.get("/readyz", operation_id="readyz", responses={503: {"description": "not ready"}})
-    def readyz() -> JSONResponse:
-        """Qdrant storage answers and the embedder is loaded."""
-        index: HybridIndex | None = getattr(app.state, "index", None)
-        if index is None:
-            return error_response(503, "not_ready", "the index is still loading")
-        try:
-            names = index.store.names()
-        except Exception as exc:  # any storage failure means "not ready", reported by name
-            return error_response(503, "qdrant_unavailable", f"Qdrant did not answer: {exc}")
-        return JSONResponse({"status": "ready", "collections": len(names), "embedder": index.embedder.name})
-
-    return app
+    description = "Hybrid (dense + BM25, RRF-fused) search over Qdrant collections."
+    return create_service_app("retriever", description, lifespan, router, ready)
 
 
 app = create_app()

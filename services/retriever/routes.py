@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 
 from hoprl.schemas.retriever import (
     CollectionInfo,
@@ -43,9 +43,19 @@ def _links(name: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def _index(request: Request) -> HybridIndex:
-    index: HybridIndex = request.app.state.index
+async def index_of(request: Request) -> HybridIndex:
+    """The index the lifespan opened; 503 before it has.
+
+    A dependency, so a test can hand the routes another index (``app.dependency_overrides``);
+    ``async`` so that resolving it takes no thread from the pool the routes run in.
+    """
+    index: HybridIndex | None = getattr(request.app.state, "index", None)
+    if index is None:
+        raise ApiError(503, "not_ready", "the index is still loading")
     return index
+
+
+IndexDep = Annotated[HybridIndex, Depends(index_of)]
 
 
 def _valid_name(name: str) -> str:
@@ -70,13 +80,12 @@ def _not_found(name: str) -> ApiError:
 
 
 @router.get("/v1/collections", operation_id="list_collections")
-def list_collections(request: Request) -> list[CollectionInfo]:
-    return _index(request).collections()
+def list_collections(index: IndexDep) -> list[CollectionInfo]:
+    return index.collections()
 
 
 @router.get("/v1/collections/{name}", operation_id="get_collection")
-def get_collection(name: CollectionName, request: Request) -> CollectionInfo:
-    index = _index(request)
+def get_collection(name: CollectionName, index: IndexDep) -> CollectionInfo:
     try:
         return index.info(_valid_name(name))
     except CollectionNotFound:
@@ -92,14 +101,13 @@ INGESTED: dict[int | str, dict[str, Any]] = {
 
 
 @router.put("/v1/collections/{name}", operation_id="create_collection", responses=CREATED)
-def create_collection(name: CollectionName, request: Request) -> CollectionInfo:
+def create_collection(name: CollectionName, index: IndexDep) -> CollectionInfo:
     """Create an empty collection (idempotent). Ingesting into a missing collection creates it too."""
-    return _index(request).create(_valid_name(name))
+    return index.create(_valid_name(name))
 
 
 @router.delete("/v1/collections/{name}", operation_id="delete_collection")
-def delete_collection(name: CollectionName, request: Request) -> dict[str, str]:
-    index = _index(request)
+def delete_collection(name: CollectionName, index: IndexDep) -> dict[str, str]:
     try:
         index.delete(_valid_name(name))
     except CollectionNotFound:
@@ -108,9 +116,8 @@ def delete_collection(name: CollectionName, request: Request) -> dict[str, str]:
 
 
 @router.post("/v1/collections/{name}/documents", operation_id="ingest_documents", responses=INGESTED)
-def ingest(name: CollectionName, body: IngestRequest, request: Request) -> IngestResponse:
+def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> IngestResponse:
     """Upsert a batch of documents; ids make it idempotent (re-ingesting replaces, never duplicates)."""
-    index = _index(request)
     limit = index.settings.max_documents
     if len(body.documents) > limit:
         raise ApiError(
@@ -120,9 +127,8 @@ def ingest(name: CollectionName, body: IngestRequest, request: Request) -> Inges
 
 
 @router.post("/v1/search", operation_id="search")
-def search(body: SearchRequest, request: Request) -> SearchResponse:
+def search(body: SearchRequest, index: IndexDep) -> SearchResponse:
     """Search a batch of queries; ``mode`` is dense, sparse (BM25) or hybrid (RRF of both)."""
-    index = _index(request)
     s = index.settings
     if len(body.queries) > s.max_queries:
         raise ApiError(
@@ -139,15 +145,14 @@ def search(body: SearchRequest, request: Request) -> SearchResponse:
 
 
 @router.post("/retrieve", operation_id="retrieve_search_r1")
-def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
+def retrieve(body: RetrieveRequest, index: IndexDep) -> RetrieveResponse:
     """Search-R1 compatibility: documents as ``{"id", "contents": '"title"\\ntext'}``."""
-    index = _index(request)
     collection = body.collection or index.settings.default_collection
     try:
         query = SearchRequest(collection=collection, queries=body.queries, top_k=body.topk, mode="hybrid")
     except ValueError as exc:
         raise ApiError(422, "invalid_request", str(exc).splitlines()[-1].strip()) from None
-    response = search(query, request)
+    response = search(query, index)
     result: list[list[dict[str, Any]]] = []
     for hits in response.results:
         docs = [{"id": h.id, "contents": f'"{h.title}"\n{h.text}'} for h in hits]

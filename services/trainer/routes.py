@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 
 from hoprl.recipes import RECIPES
@@ -29,14 +29,28 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _registry(request: Request) -> Registry:
-    registry: Registry = request.app.state.registry
+# The lifespan's state, as dependencies: a test can hand the routes another registry or queue
+# (app.dependency_overrides); async, so resolving them takes no thread from the routes' pool.
+
+
+async def registry_of(request: Request) -> Registry:
+    """The run registry the lifespan opened; 503 before it has."""
+    registry: Registry | None = getattr(request.app.state, "registry", None)
+    if registry is None:
+        raise ApiError(503, "not_ready", "the registry is still opening")
     return registry
 
 
-def _queue(request: Request) -> JobQueue:
-    queue: JobQueue = request.app.state.queue
+async def queue_of(request: Request) -> JobQueue:
+    """The job queue the lifespan started; 503 before it has."""
+    queue: JobQueue | None = getattr(request.app.state, "queue", None)
+    if queue is None:
+        raise ApiError(503, "not_ready", "the job queue is still starting")
     return queue
+
+
+RegistryDep = Annotated[Registry, Depends(registry_of)]
+QueueDep = Annotated[JobQueue, Depends(queue_of)]
 
 
 def _unstorable(value: Any) -> bool:
@@ -95,18 +109,16 @@ def job_view(run: RunRow, registry: Registry) -> Job:
 
 @router.post("/v1/jobs", operation_id="create_job", status_code=201,
              responses={201: {"description": "the job is queued", "links": JOB_LINKS}})  # fmt: skip
-def create_job(body: JobRequest, request: Request) -> JobCreated:
+def create_job(body: JobRequest, registry: RegistryDep, queue: QueueDep) -> JobCreated:
     """Queue a training job; it starts when the trainer is free (one job at a time)."""
-    registry = _registry(request)
     _validate(body, registry)
-    run = submit(registry, admit(body, _queue(request).settings, registry))
+    run = submit(registry, admit(body, queue.settings, registry))
     return JobCreated(id=run.id, status=run.status)
 
 
 @router.get("/v1/jobs/{job_id}", operation_id="get_job")
-def get_job(job_id: JobId, request: Request) -> Job:
+def get_job(job_id: JobId, registry: RegistryDep) -> Job:
     """Status, step, latest metrics, checkpoints and curriculum stage of one job."""
-    registry = _registry(request)
     run = registry.get_run(job_id)
     if run is None or run.kind != "job":
         raise ApiError(404, "job_not_found", f"no job {job_id!r}; GET /v1/jobs lists them")
@@ -115,23 +127,21 @@ def get_job(job_id: JobId, request: Request) -> Job:
 
 @router.get("/v1/jobs", operation_id="list_jobs")
 def list_jobs(
-    request: Request,
+    registry: RegistryDep,
     status: Annotated[JobStatus | None, Query(description="only jobs with this status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[Job]:
     """Jobs, newest first."""
-    registry = _registry(request)
     return [job_view(r, registry) for r in registry.list_runs(status=status, limit=limit, kind="job")]
 
 
 @router.post("/v1/jobs/{job_id}/cancel", operation_id="cancel_job", responses=CONFLICT)
-def cancel_job(job_id: JobId, request: Request) -> Job:
+def cancel_job(job_id: JobId, registry: RegistryDep, queue: QueueDep) -> Job:
     """Cancel a queued job, or stop the running one (its checkpoints stay)."""
-    registry = _registry(request)
     run = registry.get_run(job_id)
     if run is None or run.kind != "job":
         raise ApiError(404, "job_not_found", f"no job {job_id!r}; GET /v1/jobs lists them")
-    if not _queue(request).cancel(job_id):
+    if not queue.cancel(job_id):
         raise ApiError(409, "job_finished", f"job {job_id!r} is already {run.status}; nothing to cancel")
     updated = registry.get_run(job_id)
     assert updated is not None

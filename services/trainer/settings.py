@@ -10,12 +10,13 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from hoprl.settings import get_settings
 from services.settings import ServiceSettings
 
 
 def _flows_runs_dir() -> Path:
     """The flows' runs folder (``$HOPRL_RUNS_DIR``, default ``runs``): where a pipeline prepares its data."""
-    return Path(os.environ.get("HOPRL_RUNS_DIR", "runs"))
+    return get_settings().runs_dir
 
 
 def _default_data_roots() -> list[Path]:

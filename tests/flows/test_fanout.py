@@ -42,6 +42,7 @@ from hoprl.data.synthetic import SyntheticQuestion, generate, hops_for
 from hoprl.recipes import get_recipe
 from hoprl.registry import Registry, shared
 from hoprl.schemas import Document
+from hoprl.settings import get_settings
 from services.judge.app import create_app as create_judge
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer
@@ -444,5 +445,6 @@ def test_visibility_timeout_is_derived_from_the_fan_out_wait() -> None:
     sweep) comes well before the fan-out's default wait ends."""
     options = fanout.app.conf.broker_transport_options
     sweep = options["unacked_restore_interval"] * options["unacked_restore_throttle"]
-    assert options["visibility_timeout"] == fanout.VISIBILITY_TIMEOUT_S == int(fanout.FANOUT_TIMEOUT_S / 4)
-    assert options["visibility_timeout"] + sweep < fanout.FANOUT_TIMEOUT_S / 2
+    wait = get_settings().fanout_timeout
+    assert options["visibility_timeout"] == fanout.visibility_timeout_s(wait) == int(wait / 4)
+    assert options["visibility_timeout"] + sweep < wait / 2

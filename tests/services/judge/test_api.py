@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from hoprl.clients.judge import JudgeClient
 from hoprl.judging import RULES_VERSION, RulesJudge
-from hoprl.schemas.judge import AnswerableItem, AnswerItem
+from hoprl.schemas.judge import AnswerableItem, AnswerItem, JudgeVerdict
+from services.judge.app import create_app
+from services.judge.backends import make_backend
+from services.judge.cache import cache_key, make_cache
+from services.judge.routes import backend_of, cache_of
+from services.judge.settings import JudgeSettings
 
 from .conftest import judge_service
 
@@ -145,3 +153,29 @@ def test_openapi_declares_the_routes_and_error_models(rules_url: str) -> None:
     operations = {op["operationId"]: op for path in spec["paths"].values() for op in path.values()}
     assert {"judge_answer", "judge_answerable", "healthz", "readyz"} <= set(operations)
     assert {"413", "422"} <= set(operations["judge_answer"]["responses"])
+
+
+def test_routes_take_the_backend_and_cache_through_dependencies() -> None:
+    """The routes read the backend and the cache through ``backend_of`` / ``cache_of``: a test
+    hands them its own. The cache given here already holds a verdict for the item, one the rules
+    would never reach, so only the given cache can have answered.
+
+    No lifespan runs (a TestClient outside ``with``), so the app's own state never exists.
+    """
+    settings = JudgeSettings()
+    app = create_app(settings)
+    client = TestClient(app)
+    item = AnswerItem(prediction="Lyon", references=["Paris"])
+    missing = client.post("/v1/judge/answer", json={"items": [item.model_dump()]})
+    assert (missing.status_code, missing.json()["error"]) == (503, "not_ready")
+    backend, cache = make_backend(settings), make_cache(settings)
+    key = cache_key(backend.name, backend.model, backend.answer_version, "answer", item.model_dump())
+    stored = JudgeVerdict(verdict=True, score=0.5, rationale="stored by the test", backend="rules",
+                          version=backend.answer_version)  # fmt: skip
+    asyncio.run(cache.set_many({key: stored.model_dump()}))
+    app.dependency_overrides[backend_of] = lambda: backend
+    app.dependency_overrides[cache_of] = lambda: cache
+    (verdict,) = client.post("/v1/judge/answer", json={"items": [item.model_dump()]}).json()["verdicts"]
+    assert verdict == stored.model_dump() | {"cached": True}
+    assert client.get("/readyz").json() == {"status": "ready", "backend": "rules", "cache": "memory",
+                                            "model": None}  # fmt: skip

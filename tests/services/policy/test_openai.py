@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 import pytest
+from fastapi.testclient import TestClient
 from openai.types.chat import ChatCompletionMessageParam
+
+from services.policy.agent import Policy
+from services.policy.app import create_app, create_engine
+from services.policy.openai_routes import policy_of
+
+from .conftest import small_settings
 
 MODEL = "smollm2-135m-instruct"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
@@ -92,3 +101,28 @@ def test_logprobs(client: openai.OpenAI) -> None:
     assert text.logprobs is not None and len(text.logprobs.token_logprobs or []) == len(
         text.logprobs.tokens or []
     )
+
+
+def test_routes_take_the_policy_through_a_dependency(model_path: str) -> None:
+    """The routes read the policy through ``policy_of``: a test hands them its own, here one that
+    serves under another name with n capped at 1.
+
+    No lifespan runs (a TestClient outside ``with``), so the app loads no model of its own.
+    """
+    app = create_app(small_settings("http://127.0.0.1:9", model_path))
+    client = TestClient(app)
+    missing = client.get("/v1/models")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (503, "not_ready")
+    own = small_settings("http://127.0.0.1:9", model_path, served_model_name="overridden", max_n=1)
+    policy = Policy(own, create_engine(own))
+    try:
+        app.dependency_overrides[policy_of] = lambda: policy
+        assert [card["id"] for card in client.get("/v1/models").json()["data"]] == ["overridden"]
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0, "n": 2}
+        refused = client.post("/v1/chat/completions", json=body)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (400, "n_too_large")
+        reply = client.post("/v1/chat/completions", json=body | {"n": 1}).json()
+        assert reply["model"] == "overridden" and reply["choices"][0]["message"]["role"] == "assistant"
+    finally:
+        asyncio.run(policy.aclose())
+        policy.engine.close()

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from hoprl.clients.http import ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.schemas import Document
+from services.retriever.app import create_app
+from services.retriever.index import HybridIndex
+from services.retriever.routes import index_of
+from services.retriever.settings import RetrieverSettings
 
 from .conftest import CORPUS
 
@@ -212,3 +219,26 @@ def test_search_r1_retrieve_route(service: str) -> None:
     assert plain[0][0]["id"] == "acme"
     missing = httpx.post(f"{service}/retrieve", json={"queries": ["x"]})
     assert missing.status_code == 404 and missing.json()["error"] == "collection_not_found"
+
+
+def test_routes_take_the_index_through_a_dependency(tmp_path: Path) -> None:
+    """The routes and /readyz read the index through ``index_of``: a test hands them its own.
+
+    No lifespan runs (a TestClient outside ``with``), so the app's own index never exists.
+    """
+    app = create_app(RetrieverSettings(storage_path=tmp_path / "unused"))
+    client = TestClient(app)
+    missing = client.get("/v1/collections")
+    assert (missing.status_code, missing.json()["error"]) == (503, "not_ready")
+    index = HybridIndex(RetrieverSettings(storage_path=tmp_path / "own", max_top_k=3))
+    try:
+        index.ingest("own", CORPUS[:2])
+        app.dependency_overrides[index_of] = lambda: index
+        assert [c["name"] for c in client.get("/v1/collections").json()] == ["own"]
+        hits = client.post("/v1/search", json={"collection": "own", "queries": ["Acme"], "top_k": 1})
+        assert hits.json()["results"][0][0]["id"] == "acme"
+        too_many = client.post("/v1/search", json={"collection": "own", "queries": ["Acme"], "top_k": 4})
+        assert too_many.json()["error"] == "top_k_out_of_range"  # the override's own limit (3)
+        assert client.get("/readyz").json()["collections"] == 1
+    finally:
+        index.close()

@@ -7,14 +7,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from hoprl.clients.http import ServiceError
 from hoprl.clients.trainer import TrainerClient
 from hoprl.data.jsonl import write_questions
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import JobRequest
 from services.local import LocalServer
 from services.trainer.app import create_app
+from services.trainer.jobs import submit
+from services.trainer.routes import registry_of
 from services.trainer.settings import TrainerSettings
 
 
@@ -121,3 +125,23 @@ def test_pipeline_runs_are_never_taken_for_jobs(settings: TrainerSettings) -> No
             ("pipe-running", "running", "pipeline"),
         ]
         assert not (settings.runs_dir / "pipe-queued").exists()  # no worker was started for it
+
+
+def test_routes_take_the_registry_through_a_dependency(tmp_path: Path) -> None:
+    """The routes read the run registry through ``registry_of``: a test hands them its own, holding
+    a job the app's registry never saw.
+
+    No lifespan runs (a TestClient outside ``with``): no registry is opened, no queue started.
+    """
+    app = create_app(TrainerSettings(database_url=f"sqlite:///{tmp_path / 'unused.db'}", runs_dir=tmp_path))
+    client = TestClient(app)
+    missing = client.get("/v1/jobs")
+    assert (missing.status_code, missing.json()["error"]) == (503, "not_ready")
+    with Registry(f"sqlite:///{tmp_path / 'own.db'}") as registry:
+        run = submit(registry, JobRequest(recipe="search-r1", steps=3))
+        app.dependency_overrides[registry_of] = lambda: registry
+        assert [(j["id"], j["status"], j["steps"]) for j in client.get("/v1/jobs").json()] == [
+            (run.id, "queued", 3)
+        ]
+        assert client.get(f"/v1/jobs/{run.id}").json()["recipe"] == "search-r1"
+    assert not (tmp_path / "unused.db").exists()

@@ -1,0 +1,45 @@
+"""The app every service is: one FastAPI setup, so the four services read (and answer) alike.
+
+:func:`create_service_app` does what each service's ``create_app`` would otherwise repeat: the
+title and version, the JSON error bodies (:mod:`services.errors`), the API key
+(:mod:`services.security`), then the service's routes and the health endpoints
+(:mod:`services.health`). A service keeps only what is its own: its lifespan (the state it makes
+and closes), its readiness check and its router::
+
+    app = create_service_app("retriever", "Hybrid search ...", lifespan, router, ready)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+from fastapi import APIRouter, FastAPI
+
+import hoprl
+from services.errors import install_error_handlers
+from services.health import ReadyCheck, health_router
+from services.security import install_api_key
+
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+def create_service_app(
+    name: str, description: str, lifespan: Lifespan, router: APIRouter, ready: ReadyCheck
+) -> FastAPI:
+    """The FastAPI app of service ``name`` (titled ``hoprl <name>``).
+
+    Args:
+        description: the OpenAPI description, one or two sentences.
+        lifespan: makes the service's state on ``app.state`` and closes it.
+        router: every route of the service; its routes take their state through ``Depends``.
+        ready: the readiness check behind ``/readyz`` (:func:`services.health.health_router`).
+    """
+    app = FastAPI(
+        title=f"hoprl {name}", version=hoprl.__version__, description=description, lifespan=lifespan
+    )
+    install_error_handlers(app)  # before the routers: its body check is a dependency of theirs
+    install_api_key(app)
+    app.include_router(router)
+    app.include_router(health_router(ready))
+    return app
