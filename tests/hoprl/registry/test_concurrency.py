@@ -26,7 +26,9 @@ pytestmark = pytest.mark.integration
 
 JOB, PIPELINE = "job-0001", "pipe-1"
 STEPS, EPISODES_PER_STEP, EVALUATIONS, QUESTIONS, UNITS, LINKS = 20, 8, 6, 25, 40, 20
-FORK = multiprocessing.get_context("fork")  # children open their own engines; the parent's stay idle
+# spawn, not fork: a child forked from a test process that already ran threads (torch, Prefect,
+# servers) inherited their state and failed in the full suite; spawned children start clean.
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def trainer_worker(url: str, start: Event) -> None:
@@ -80,8 +82,8 @@ def fanout_unit(url: str, start: Event, order: list[int], written: Any) -> None:
 
 
 def run_all(*targets: tuple[Any, ...]) -> None:
-    start = FORK.Event()
-    procs = [FORK.Process(target=t[0], args=(t[1], start, *t[2:])) for t in targets]
+    start = SPAWN.Event()
+    procs = [SPAWN.Process(target=t[0], args=(t[1], start, *t[2:])) for t in targets]
     for p in procs:
         p.start()
     start.set()
@@ -97,7 +99,7 @@ def test_trainer_and_flow_write_the_same_database_at_once(postgres_url: URL) -> 
         assert trainer.claim_run(JOB) is not None  # the queue's claim, before the worker starts
     with Registry(url, owner="flows") as flows:
         flows.create_run(PIPELINE, recipe="arena", objective="grpo", model="m", config={}, seed=0)
-    written = FORK.Queue()
+    written = SPAWN.Queue()
     forward, backward = list(range(UNITS)), list(range(UNITS - 1, -1, -1))
     run_all(
         (trainer_worker, url),
@@ -152,7 +154,7 @@ def queue_jobs(url: str, n: int) -> list[str]:
 def test_claim_next_gives_each_queued_job_to_exactly_one_claimer(postgres_url: URL) -> None:
     url = postgres_url.render_as_string(hide_password=False)
     ids = queue_jobs(url, 40)
-    claimed = FORK.Queue()
+    claimed = SPAWN.Queue()
     run_all((claimer, url, claimed), (claimer, url, claimed), (claimer, url, claimed))
     got = [run_id for _ in range(3) for run_id in claimed.get()]
     assert sorted(got) == ids  # all claimed, none twice
