@@ -1,12 +1,22 @@
 """Job configs: one YAML file per paper (``configs/*.yaml``), loaded as a validated :class:`JobRequest`.
 
 A config file holds the fields of a trainer job request (``recipe``, ``objective``, ``model``,
-``steps``, ``seed``, ``hyperparameters: {...}``) at the paper's size, on GPUs. Its ``small:``
-section holds the overrides for a toy run on a CPU (the bundled model, the transformers engine,
-one process, the ``cpu`` preset, a few steps); ``small=True`` applies them. Overrides merge key by
-key into the mappings below them, and a ``null`` override removes the key, so the layered
-defaults of :meth:`Hyperparameters.resolved` (the ``cpu`` preset's sizes, the paper's values)
-apply to it again.
+``steps``, ``seed``, ``hyperparameters: {...}``) at the paper's size, on GPUs, and three sections
+that are not part of the request:
+
+- ``small:`` the overrides for a toy run on a CPU (the bundled model, the transformers engine, one
+  process, the ``cpu`` preset, a few steps); ``small=True`` applies them. Overrides merge key by
+  key into the mappings below them, and a ``null`` override removes the key, so the layered
+  defaults of :meth:`Hyperparameters.resolved` (the ``cpu`` preset's sizes, the paper's values)
+  apply to it again.
+- ``objectives: {<objective>: {...}}``: hyperparameters the paper gives for another objective of
+  the same recipe (EVO-RAG's PPO column), applied when a job trains with it.
+- ``paper:`` what the paper trains with beyond the request: its other backbones (``models``) and
+  how its training set is built (``training_data``, :mod:`hoprl.data.mixtures`).
+
+The file is the one home of a paper's settings: the trainer's ``paper`` preset reads it
+(:func:`paper_defaults`, :func:`objective_defaults`), so a job sent without the file trains with
+its training settings too. Only the machine settings (:data:`MACHINE`) stay the request's.
 
 >>> request = load_config("configs/search-r1.yaml", small=True)  # doctest: +SKIP
 >>> request.hyperparameters.generation, request.hyperparameters.preset  # doctest: +SKIP
@@ -18,15 +28,39 @@ file and the key; the same validation as ``POST /v1/jobs`` (``extra="forbid"``) 
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
-from hoprl.schemas.trainer import JobRequest
+from hoprl.settings import get_settings
+
+if TYPE_CHECKING:  # the trainer's schema reads this module for its paper defaults
+    from hoprl.schemas.trainer import JobRequest
 
 SMALL = "small"  # the section of a config file that holds the toy-run overrides
+OBJECTIVES = "objectives"  # per-objective hyperparameters (not part of the request)
+PAPER = "paper"  # other backbones and the training set (not part of the request)
+SECTIONS = (SMALL, OBJECTIVES, PAPER)
+#: hyperparameters that describe the machine a run uses, not how the paper trains: a request keeps
+#: its own (a job sent to a CPU trainer must not inherit eight GPUs from the paper's file)
+MACHINE = (
+    "preset",
+    "generation",
+    "vllm_mode",
+    "vllm_server_url",
+    "vllm_gpu_memory_utilization",
+    "vllm_importance_sampling_correction",
+    "processes",
+    "distributed",
+    "report_to",
+    "torch_threads",
+)
+#: the source tree's configs folder (``HOPRL_CONFIGS_DIR`` moves it: the images copy it to /app)
+SOURCE_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 class ConfigError(ValueError):
@@ -73,14 +107,18 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping of job request fields (recipe, steps, ...)")
-    small = data.get(SMALL)
-    if small is not None and not isinstance(small, dict):
-        raise ConfigError(f"config {path}: `{SMALL}:` must be a mapping of overrides")
+    for section in SECTIONS:
+        value = data.get(section)
+        if value is not None and not isinstance(value, dict):
+            what = "overrides" if section == SMALL else "settings"
+            raise ConfigError(f"config {path}: `{section}:` must be a mapping of {what}")
     return data
 
 
 def validate_request(data: dict[str, Any], where: str) -> JobRequest:
     """``data`` as a :class:`JobRequest`; :class:`ConfigError` naming ``where`` and each bad key."""
+    from hoprl.schemas.trainer import JobRequest
+
     try:
         return JobRequest.model_validate(data)
     except ValidationError as exc:
@@ -95,6 +133,8 @@ def load_config(path: str | Path, small: bool = False) -> JobRequest:
     """
     data = read_config(path)
     overrides = data.pop(SMALL, None) or {}
+    data.pop(OBJECTIVES, None)
+    data.pop(PAPER, None)
     request = validate_request(data, f"config {path}")
     if not small:
         return request
@@ -109,3 +149,58 @@ def set_fields(request: JobRequest) -> dict[str, Any]:
     fields = request.model_dump(mode="json", exclude_unset=True)
     fields["objective"] = request.objective  # filled from the recipe when the file names none
     return fields
+
+
+def configs_dir() -> Path:
+    """``HOPRL_CONFIGS_DIR``, else the source tree's ``configs/``."""
+    return get_settings().configs_dir or SOURCE_CONFIGS
+
+
+@functools.lru_cache(maxsize=32)
+def _paper_file(folder: Path, recipe: str) -> dict[str, Any] | None:
+    """The recipe's config file as written, or None when the recipe has none (``naive-rag``)."""
+    path = folder / f"{recipe}.yaml"
+    return read_config(path) if path.is_file() else None
+
+
+def paper_config(recipe: str) -> dict[str, Any]:
+    """``configs/<recipe>.yaml`` as written; :class:`ConfigError` when the recipe has no file."""
+    data = _paper_file(configs_dir(), recipe)
+    if data is None:
+        raise ConfigError(f"no paper config for {recipe!r} in {configs_dir()} (HOPRL_CONFIGS_DIR)")
+    return data
+
+
+def _training(hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in hyperparameters.items() if k not in MACHINE}
+
+
+def paper_defaults(recipe: str) -> dict[str, Any]:
+    """The training settings of the recipe's paper: its config's ``objective`` and hyperparameters
+    without the machine ones (:data:`MACHINE`); ``{}`` for a recipe without a config file.
+
+    >>> paper_defaults("r2ag")["num_generations"], paper_defaults("naive-rag")
+    (12, {})
+    """
+    data = _paper_file(configs_dir(), recipe)
+    if data is None:
+        return {}
+    out = copy.deepcopy(_training(data.get("hyperparameters") or {}))
+    if data.get("objective"):
+        out["objective"] = data["objective"]
+    return out
+
+
+def objective_defaults(recipe: str, objective: str) -> dict[str, Any]:
+    """The hyperparameters the paper gives for ``objective`` (its ``objectives:`` section).
+
+    >>> objective_defaults("evo-rag", "ppo")["critic_learning_rate"], objective_defaults("evo-rag", "dpo")
+    (1e-05, {})
+    """
+    data = _paper_file(configs_dir(), recipe) or {}
+    return copy.deepcopy(_training((data.get(OBJECTIVES) or {}).get(objective) or {}))
+
+
+def paper_section(recipe: str) -> dict[str, Any]:
+    """The config's ``paper:`` section (``models``, ``training_data``)."""
+    return dict(paper_config(recipe).get(PAPER) or {})

@@ -33,6 +33,8 @@ class HoprlSettings(BaseSettings):
                                    when set, and every client sends; unset = services are open
     ``HOPRL_DATABASE_URL``         the run registry; unset = ``sqlite:///.hoprl/registry.db``
     ``HOPRL_RUNS_DIR``             the flows' run folders (default ``runs``)
+    ``HOPRL_CONFIGS_DIR``          the papers' job configs (``<recipe>.yaml``) the trainer's
+                                   ``paper`` preset reads; unset = the source tree's ``configs/``
     ``HOPRL_CACHE``                the library's cache folder (ONNX exports); unset =
                                    ``$XDG_CACHE_HOME/hoprl``, else ``~/.cache/hoprl``
     ``HOPRL_TORCH_THREADS``        torch threads of the process-wide embedder; unset = torch's
@@ -59,6 +61,7 @@ class HoprlSettings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="the services' shared API key; unset = open")
     database_url: str | None = Field(None, description="run registry URL; unset = the SQLite default")
     runs_dir: Path = Field(Path("runs"), description="the flows' run folders")
+    configs_dir: Path | None = Field(None, description="the papers' job configs; unset = configs/ of the source")
     cache: Path | None = Field(None, description="the library's cache folder; unset = the XDG one")
     torch_threads: int | None = Field(None, ge=1, description="threads of the process-wide embedder")
     bf16: bool | None = Field(None, description="bf16 mixed precision in training; unset = detected")

@@ -1,4 +1,5 @@
-"""One way to name a dataset everywhere: a JSONL path, a hub name, or ``synthetic``."""
+"""One way to name a dataset everywhere: a JSONL path, a hub name, ``synthetic``, or a paper's
+training set (``paper:<recipe>[:<folder>]``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from hoprl.data.hub import HUB, load_hub
 from hoprl.data.jsonl import DataError, load_questions
+from hoprl.data.mixtures import paper_spec, paper_training_set
 from hoprl.schemas import Question
 
 
@@ -15,10 +17,20 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
     - a path to a common-schema JSONL file (e.g. ``../shared/data/hotpotqa_dev.jsonl``), read in place;
     - ``synthetic`` (optionally ``synthetic:SEED`` or ``synthetic:SEED:MAX_HOPS``): the generated
       multi-hop world, split ``split`` (``synthetic:0:2``: two-hop questions only);
-    - a hub name (``hotpotqa``, ``2wiki``, ``musique``, ``bamboogle``, ``nq``, ``triviaqa``, ``popqa``).
+    - a hub name (``hotpotqa``, ``2wiki``, ``musique``, ``bamboogle``, ``nq``, ``triviaqa``, ``popqa``);
+    - ``paper:<recipe>``: the training set the recipe's paper builds (``configs/<recipe>.yaml``,
+      :mod:`hoprl.data.mixtures`) from the hub, split ``train`` or ``dev``; ``paper:<recipe>:<folder>``
+      builds it from a folder of common-schema files (``../shared/data``). Its sampling seed is the
+      config's, not ``seed``: a job's train and dev splits never share a question.
     """
     if Path(spec).exists():
         return load_questions(spec, limit)
+    paper = paper_spec(spec)
+    if paper is not None:
+        splits = paper_training_set(*paper).splits
+        if split not in splits:
+            raise DataError(f"{spec!r} has the splits {', '.join(splits)}, not {split!r}")
+        return list(splits[split][:limit] if limit is not None else splits[split])
     if spec.split(":")[0] == "synthetic":
         from hoprl.data.synthetic import generate
 
@@ -32,6 +44,6 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
     if spec in HUB:
         return load_hub(spec, split, limit)
     raise DataError(
-        f"{spec!r} is neither a file, 'synthetic', nor a hub dataset ({', '.join(HUB)}); "
+        f"{spec!r} is neither a file, 'synthetic', 'paper:<recipe>', nor a hub dataset ({', '.join(HUB)}); "
         "benchmark samples are in ../shared/data"
     )

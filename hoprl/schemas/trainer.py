@@ -9,12 +9,13 @@ job can be re-run (or resumed after a restart) from the registry alone.
 Hyperparameters are flat and validated (``extra="forbid"``): a misspelt name is a 422 naming the
 field, never a silently kept default. Fields the request leaves out take, in this order, the
 ``cpu`` preset's value (:data:`CPU_PRESET`, only when ``preset="cpu"``), the paper's value for the
-(recipe, objective) (:data:`OBJECTIVE_DEFAULTS`), the paper's value for the recipe
-(:data:`RECIPE_DEFAULTS`), the value the recipe derives from its own config
+(recipe, objective) (:func:`objective_defaults`), the paper's value for the recipe
+(:func:`recipe_defaults`, both read from ``configs/<recipe>.yaml``), the value the recipe derives from its own config
 (:func:`recipe_derived_defaults`), then the generic one; an unset ``objective`` is the recipe's
 paper objective (:func:`recipe_objective`). :meth:`Hyperparameters.resolved` is that one place; the
 resolved values are logged and stored with the run. ``docs/papers.md`` says where each paper value
-comes from; ``tests/services/trainer/test_recipe_defaults.py`` pins every one of them.
+comes from; ``tests/hoprl/test_papers_table.py`` compares the configs with it and
+``tests/services/trainer/test_recipe_defaults.py`` pins what a bare request resolves to.
 """
 
 from __future__ import annotations
@@ -31,66 +32,30 @@ Generation = Literal["transformers", "vllm"]
 VllmMode = Literal["colocate", "server"]
 Distributed = Literal["ddp", "zero2", "zero3", "fsdp"]
 
-#: per-recipe training settings from the papers (sources: docs/papers.md), applied to what a request
-#: leaves unset. ``objective`` is the recipe's objective when the request names none
-#: (:func:`recipe_objective`); ``recipe_config`` fills the recipe config keys the request leaves out.
-#: A setting no paper of ours gives (learning rate, batch, episode lengths for most) is not here: the
-#: generic defaults apply and docs/papers.md says "not given / not found".
-RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # DESIGN.md §1 / issue 19: DAPO-style token-level clipped objective, asymmetric clip 0.2 / 0.28,
-    # groups whose rewards have zero std dropped (refilled: dynamic sampling); top-1 per sub-query
-    "r2ag": {"objective": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "dynamic_sampling": True},
-    # DESIGN.md §1: GRPO with a KL term, beta 0.001; top-3 documents (EvalRARConfig.top_k)
-    "eval-rar": {"objective": "grpo", "beta": 0.001},
-    # DESIGN.md §1: GRPO with the k2 KL estimator; the coefficient 0.001 is the project's
-    "arena": {"objective": "grpo", "beta": 0.001, "kl_estimator": "k2"},
-    # DESIGN.md §1 "DAPO (no KL)"; issue 19: clip-higher 0.28 and dynamic sampling, top-k 5 and 5
-    # turns (WhenToSearchConfig; max_turns / token_budget derive from it: recipe_derived_defaults)
-    "when-to-search": {
-        "objective": "dapo",
-        "beta": 0.0,
-        "epsilon": 0.2,
-        "epsilon_high": 0.28,
-        "dynamic_sampling": True,
-    },
-    # issue 19: GRPO is the job EVO-RAG defaults to, normalising step rewards per step index; the
-    # 7-head preference model trains in the loop (Algorithm 1). max_turns / token_budget follow T_max.
-    "evo-rag": {"objective": "grpo", "advantage": "per_step", "preference_model": True},
-    # Search-R1's released GRPO reproduction script (docs/papers.md): 5 responses per prompt,
-    # KL 0.001 with verl's low_var_kl (the k3 estimator, clamped), clip 0.2, temperature 1, at most
-    # 4 turns, top-3 passages (SearchR1Config.top_k)
-    "search-r1": {
-        "objective": "grpo",
-        "num_generations": 5,
-        "beta": 0.001,
-        "kl_estimator": "k3",
-        "epsilon": 0.2,
-        "temperature": 1.0,
-        "max_turns": 4,
-    },
-    # never trained in a paper: Search-R1's RAG baseline retrieves top-3 (NaiveRAGConfig.top_k)
-    "naive-rag": {"objective": "grpo"},
-}
+#: recipes without a paper config file (``configs/<recipe>.yaml``): never trained in a paper.
+#: Search-R1's RAG baseline retrieves top-3 (NaiveRAGConfig.top_k).
+BASELINE_DEFAULTS: dict[str, dict[str, Any]] = {"naive-rag": {"objective": "grpo"}}
 
-#: per-(recipe, objective) paper settings, applied before RECIPE_DEFAULTS (a learning rate is the
-#: objective's: an SFT warm start of the same recipe keeps the generic 3e-4)
-OBJECTIVE_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
-    # issue 19 (EVO-RAG's PPO): KL coefficient 0.001, policy lr 1e-6 and a separate critic at lr 1e-5
-    ("evo-rag", "ppo"): {
-        "beta": 0.001,
-        "learning_rate": 1e-6,
-        "critic": "separate",
-        "critic_learning_rate": 1e-5,
-    },
-    # Search-R1's released scripts: actor lr 1e-6 (GRPO and PPO), critic lr 1e-5, KL 0.001 (PPO)
-    ("search-r1", "grpo"): {"learning_rate": 1e-6},
-    ("search-r1", "ppo"): {
-        "beta": 0.001,
-        "learning_rate": 1e-6,
-        "critic": "separate",
-        "critic_learning_rate": 1e-5,
-    },
-}
+
+def recipe_defaults(recipe: str) -> dict[str, Any]:
+    """The recipe's paper settings, read from ``configs/<recipe>.yaml`` (the file is their one home:
+    :func:`hoprl.configs.paper_defaults`; sources in docs/papers.md). ``objective`` is the recipe's
+    objective when the request names none; ``recipe_config`` fills the recipe config keys the
+    request leaves out. Imported here, not at the top: the configs module validates files with
+    this module's :class:`JobRequest`."""
+    from hoprl.configs import paper_defaults
+
+    return paper_defaults(recipe) or dict(BASELINE_DEFAULTS.get(recipe, {}))
+
+
+def objective_defaults(recipe: str, objective: str) -> dict[str, Any]:
+    """The paper's settings for (recipe, objective), applied before :func:`recipe_defaults` (a
+    learning rate is the objective's: an SFT warm start of the same recipe keeps the generic 3e-4):
+    the config's ``objectives:`` section (:func:`hoprl.configs.objective_defaults`)."""
+    from hoprl.configs import objective_defaults as from_config
+
+    return from_config(recipe, objective)
+
 
 #: ``preset="cpu"``: the papers' settings scaled down to what two CPU cores train in minutes with
 #: SmolLM2-135M (``make run``, ``hoprl pipeline --small``). Only sizes change; objectives, clips, KL
@@ -123,7 +88,7 @@ def recipe_objective(recipe: str, objective: str | None = None) -> str:
     >>> recipe_objective("r2ag"), recipe_objective("r2ag", "grpo"), recipe_objective("search-r1")
     ('dapo', 'grpo', 'grpo')
     """
-    return objective or str(RECIPE_DEFAULTS.get(recipe, {}).get("objective", "grpo"))
+    return objective or str(recipe_defaults(recipe).get("objective", "grpo"))
 
 
 def preset_recipe_config(preset: str, recipe: str) -> dict[str, Any]:
@@ -167,7 +132,7 @@ class Hyperparameters(BaseModel):
 
     preset: Preset = Field(
         "paper",
-        description="paper: the papers' settings (RECIPE_DEFAULTS); cpu: the same recipe with its sizes "
+        description="paper: the papers' settings (configs/<recipe>.yaml); cpu: the same recipe with its sizes "
         "scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 64 "
         "tokens, 512-token episodes); a value the request sets wins over both",
     )
@@ -175,7 +140,7 @@ class Hyperparameters(BaseModel):
     learning_rate: float | None = Field(
         None,
         gt=0,
-        description="the paper's for the (recipe, objective) (search-r1 1e-6), else 1e-5 (RL), 3e-4 (SFT)",
+        description="the paper's (configs/<recipe>.yaml; SFT excepted), else 1e-5 (RL), 3e-4 (SFT)",
     )
     lr_scheduler: LrScheduler = Field(
         "linear",
@@ -297,7 +262,9 @@ class Hyperparameters(BaseModel):
         objective = recipe_objective(recipe, objective)
         values = self.model_dump()
         unset = {k for k, v in values.items() if v is None or k not in self.model_fields_set}
-        paper = {k: v for k, v in RECIPE_DEFAULTS.get(recipe, {}).items() if k != "objective"}
+        # the paper's learning rate is its RL objective's: an SFT warm start keeps the generic 3e-4
+        skip = {"objective", "learning_rate"} if objective == "sft" else {"objective"}
+        paper = {k: v for k, v in recipe_defaults(recipe).items() if k not in skip}
         scaled = preset_recipe_config(self.preset, recipe)
         values["recipe_config"] = {**paper.pop("recipe_config", {}), **scaled, **values["recipe_config"]}
         preset = CPU_PRESET if self.preset == "cpu" else {}
@@ -308,7 +275,7 @@ class Hyperparameters(BaseModel):
                     values[key] = value
                     unset.discard(key)
 
-        for layer in (preset, OBJECTIVE_DEFAULTS.get((recipe, objective), {}), paper):
+        for layer in (preset, objective_defaults(recipe, objective), paper):
             fill(layer)
         # derived from the recipe's config with the per-step tokens the layers above settled
         fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
@@ -348,7 +315,7 @@ class JobRequest(BaseModel):
     recipe: str = Field(description="a recipe name, e.g. when-to-search", json_schema_extra=_recipe_names)
     objective: Objective = Field(
         None,  # type: ignore[arg-type]  # never None after validation: _paper_objective fills it
-        description="unset: the recipe's paper objective (RECIPE_DEFAULTS: dapo for r2ag and when-to-search, "
+        description="unset: the recipe's paper objective (configs/<recipe>.yaml: dapo for r2ag and when-to-search, "
         "grpo for the others); an explicit objective wins",
         json_schema_extra=_nullable,
     )
