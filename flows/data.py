@@ -26,6 +26,7 @@ from flows.runs import registry, run_dir
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import chunk, pool
 from hoprl.data.jsonl import load_questions, write_questions
+from hoprl.data.mixtures import paper_spec, paper_training_set
 from hoprl.data.sources import load
 from hoprl.evaluation import corpus_collection
 from hoprl.schemas import Document, Question
@@ -35,15 +36,27 @@ INGEST_BATCH = 256
 
 
 def dataset_name(spec: str) -> str:
-    """``synthetic:3`` -> ``synthetic-3``; ``../shared/data/hotpotqa_dev.jsonl`` -> ``hotpotqa_dev``."""
+    """``synthetic:3`` -> ``synthetic-3``; ``../shared/data/hotpotqa_dev.jsonl`` -> ``hotpotqa_dev``;
+    ``paper:r2ag:../shared/data`` -> ``paper-r2ag``."""
+    paper = paper_spec(spec)
+    if paper is not None:
+        return f"paper-{paper[0]}"
     return Path(spec).stem.replace(":", "-") if Path(spec).exists() else spec.replace(":", "-")
+
+
+def sampling(spec: str) -> dict[str, Any] | None:
+    """How a paper's training set was drawn (:class:`hoprl.data.mixtures.Built`'s record); None
+    for any other dataset spec."""
+    paper = paper_spec(spec)
+    return paper_training_set(*paper).record if paper is not None else None
 
 
 def split_questions(spec: str, seed: int) -> dict[str, list[Question]]:
     """Train / dev / test questions of a dataset spec (see :func:`hoprl.data.sources.load`).
 
-    The synthetic world has its own three splits. A hub dataset gives ``train`` and ``dev``; its
-    dev questions are halved into dev and test. A single JSONL file is shuffled with ``seed``
+    The synthetic world has its own three splits. A hub dataset, and a paper's training set
+    (``paper:<recipe>[:<folder>]``, drawn with its config's seed), give ``train`` and ``dev``;
+    their dev questions are halved into dev and test. A single JSONL file is shuffled with ``seed``
     and cut 80 / 10 / 10.
     """
     if spec.split(":")[0] == "synthetic":
@@ -74,7 +87,7 @@ def write_splits(spec: str, seed: int, limit: int | None, folder: str) -> dict[s
         paths[split] = str(path)
     if not counts["train"] or not counts["test"]:
         raise ValueError(f"dataset {spec!r} gave {counts}; it needs train and test questions")
-    return {"paths": paths, "counts": counts, "content_hash": digest.hexdigest()}
+    return {"paths": paths, "counts": counts, "content_hash": digest.hexdigest(), "sampling": sampling(spec)}
 
 
 @flow(name="prepare_data")
@@ -82,16 +95,21 @@ def prepare_data(dataset: str, run_id: str, seed: int = 0, limit: int | None = N
     """Load ``dataset``, normalise it to the common schema, split it, write it, register it.
 
     Args:
-        dataset: ``synthetic[:SEED]``, a common-schema JSONL path, or a hub name.
+        dataset: ``synthetic[:SEED]``, a common-schema JSONL path, a hub name, or a paper's training
+            set: ``paper:<recipe>`` from the hub, ``paper:<recipe>:<folder>`` from a folder of
+            common-schema files (``paper:evo-rag:../shared/data``).
         limit: at most this many questions per split.
 
-    Returns ``{"dataset_id", "name", "source", "paths": {split: path}, "counts": {split: n}}``,
-    also written to ``<run folder>/data/manifest.json``.
+    Returns ``{"dataset_id", "name", "source", "paths": {split: path}, "counts": {split: n},
+    "sampling"}``, also written to ``<run folder>/data/manifest.json``. ``sampling`` is a paper
+    training set's record (seed, each part's requested, available and taken counts, what the
+    source lacks), else None; the registry's dataset row keeps it as its ``source``.
     """
     folder = run_dir(run_id) / "data"
     written = write_splits(dataset, seed, limit, str(folder))
     name = dataset_name(dataset)
-    row = registry().register_dataset(name, dataset, written["content_hash"], written["counts"])
+    source = json.dumps({"spec": dataset, **written["sampling"]}) if written["sampling"] else dataset
+    row = registry().register_dataset(name, source, written["content_hash"], written["counts"])
     manifest = {"dataset_id": row.id, "name": name, "source": dataset, **written}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     get_run_logger().info("dataset %s (id %d): %s in %s", name, row.id, written["counts"], folder)

@@ -61,7 +61,7 @@ class HoprlSettings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="the services' shared API key; unset = open")
     database_url: str | None = Field(None, description="run registry URL; unset = the SQLite default")
     runs_dir: Path = Field(Path("runs"), description="the flows' run folders")
-    configs_dir: Path | None = Field(None, description="the papers' job configs; unset = configs/ of the source")
+    configs_dir: Path | None = Field(None, description="the papers' job configs; unset = the source's")
     cache: Path | None = Field(None, description="the library's cache folder; unset = the XDG one")
     torch_threads: int | None = Field(None, ge=1, description="threads of the process-wide embedder")
     bf16: bool | None = Field(None, description="bf16 mixed precision in training; unset = detected")

@@ -169,7 +169,8 @@ def build(spec: TrainingData, source: str | Path | None = None, loader: Loader |
             taken = questions[:n] if n is not None else list(questions)
             pools[(dataset, split)] = questions[len(taken) :]  # a later part draws after these
             splits[role] += taken
-            record["parts"].append({"part": part, "role": role, "available": len(questions), "taken": len(taken)})
+            counts = {"available": len(questions), "taken": len(taken)}
+            record["parts"].append({"part": part, "role": role, **counts})
     if not splits["train"]:
         raise DataError(f"no training questions: the source has none of {', '.join(spec.train)}")
     record |= removed

@@ -10,11 +10,12 @@ Hyperparameters are flat and validated (``extra="forbid"``): a misspelt name is 
 field, never a silently kept default. Fields the request leaves out take, in this order, the
 ``cpu`` preset's value (:data:`CPU_PRESET`, only when ``preset="cpu"``), the paper's value for the
 (recipe, objective) (:func:`objective_defaults`), the paper's value for the recipe
-(:func:`recipe_defaults`, both read from ``configs/<recipe>.yaml``), the value the recipe derives from its own config
-(:func:`recipe_derived_defaults`), then the generic one; an unset ``objective`` is the recipe's
-paper objective (:func:`recipe_objective`). :meth:`Hyperparameters.resolved` is that one place; the
-resolved values are logged and stored with the run. ``docs/papers.md`` says where each paper value
-comes from; ``tests/hoprl/test_papers_table.py`` compares the configs with it and
+(:func:`recipe_defaults`, both read from ``configs/<recipe>.yaml``), the value the recipe derives
+from its own config (:func:`recipe_derived_defaults`), then the generic one; an unset
+``objective`` is the recipe's paper objective (:func:`recipe_objective`).
+:meth:`Hyperparameters.resolved` is that one place; the resolved values are logged and stored
+with the run. ``docs/papers.md`` says where each paper value comes from;
+``tests/hoprl/test_papers_table.py`` compares the configs with it and
 ``tests/services/trainer/test_recipe_defaults.py`` pins what a bare request resolves to.
 """
 
@@ -132,8 +133,8 @@ class Hyperparameters(BaseModel):
 
     preset: Preset = Field(
         "paper",
-        description="paper: the papers' settings (configs/<recipe>.yaml); cpu: the same recipe with its sizes "
-        "scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 64 "
+        description="paper: the papers' settings (configs/<recipe>.yaml); cpu: the same recipe with its "
+        "sizes scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 64 "
         "tokens, 512-token episodes); a value the request sets wins over both",
     )
 
@@ -315,8 +316,8 @@ class JobRequest(BaseModel):
     recipe: str = Field(description="a recipe name, e.g. when-to-search", json_schema_extra=_recipe_names)
     objective: Objective = Field(
         None,  # type: ignore[arg-type]  # never None after validation: _paper_objective fills it
-        description="unset: the recipe's paper objective (configs/<recipe>.yaml: dapo for r2ag and when-to-search, "
-        "grpo for the others); an explicit objective wins",
+        description="unset: the recipe's paper objective (configs/<recipe>.yaml: dapo for r2ag and "
+        "when-to-search, grpo for the others); an explicit objective wins",
         json_schema_extra=_nullable,
     )
     model: str | None = Field(None, description="HF id or checkpoint folder; unset = the default model")

@@ -3,8 +3,8 @@
 ``POST /v1/jobs`` names files on the trainer's machine (``dataset``, ``model``, ``resume_from``), and
 the job runs with the service's rights. :func:`admit` checks a request before it is queued:
 
-- **datasets**: ``synthetic[:SEED[:MAX_HOPS]]``, a hub name (``hotpotqa``, ...), or a JSONL file that
-  resolves (symlinks and ``..`` followed) inside ``TRAINER_DATA_ROOTS`` or the runs folders;
+- **datasets**: ``synthetic[:SEED[:MAX_HOPS]]``, a hub name (``hotpotqa``, ...), ``paper:<recipe>``
+  (a paper's training set from the hub), or a JSONL file that resolves (symlinks and ``..`` followed) inside ``TRAINER_DATA_ROOTS`` or the runs folders;
 - **models and checkpoints**: a job id (its latest checkpoint), a Hugging Face id ``org/name``, or a
   folder that resolves inside ``TRAINER_MODEL_ROOTS``, the model cache's folder or the runs folders;
 - **sizes**: steps, questions and generations per step, tokens per step and per episode, and the
@@ -56,7 +56,9 @@ def confine(value: str, roots: Sequence[Path], field: str, setting: str) -> Path
 
 
 def _is_named_dataset(value: str) -> bool:
-    return value in HUB or value.split(":")[0] == "synthetic"
+    """A hub name, ``synthetic[:...]``, or ``paper:<recipe>`` (a paper's training set from the hub)."""
+    kind, _, rest = value.partition(":")
+    return value in HUB or kind == "synthetic" or (kind == "paper" and bool(rest) and ":" not in rest)
 
 
 def admit_dataset(value: str, settings: TrainerSettings) -> str:
@@ -67,8 +69,8 @@ def admit_dataset(value: str, settings: TrainerSettings) -> str:
         raise ApiError(
             422,
             "unknown_dataset",
-            f"dataset {_shown(value)} is neither synthetic[:SEED[:MAX_HOPS]], a hub dataset "
-            f"({', '.join(HUB)}), nor a JSONL file path",
+            f"dataset {_shown(value)} is neither synthetic[:SEED[:MAX_HOPS]], paper:<recipe>, a hub "
+            f"dataset ({', '.join(HUB)}), nor a JSONL file path",
         )
     path = confine(value, settings.dataset_roots, "dataset", "TRAINER_DATA_ROOTS")
     if not path.is_file():
