@@ -4,7 +4,8 @@
 the job runs with the service's rights. :func:`admit` checks a request before it is queued:
 
 - **datasets**: ``synthetic[:SEED[:MAX_HOPS]]``, a hub name (``hotpotqa``, ...), ``paper:<recipe>``
-  (a paper's training set from the hub), or a JSONL file that resolves (symlinks and ``..`` followed) inside ``TRAINER_DATA_ROOTS`` or the runs folders;
+  (a paper's training set from the hub), or a JSONL file that resolves (symlinks and ``..``
+  followed) inside ``TRAINER_DATA_ROOTS`` or the runs folders;
 - **models and checkpoints**: a job id (its latest checkpoint), a Hugging Face id ``org/name``, or a
   folder that resolves inside ``TRAINER_MODEL_ROOTS``, the model cache's folder or the runs folders;
 - **sizes**: steps, questions and generations per step, tokens per step and per episode, and the
