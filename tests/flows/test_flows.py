@@ -87,6 +87,25 @@ def test_prepare_data_and_build_index_register_and_ingest(indexed: dict[str, Any
     assert again["index_id"] == index["index_id"]
 
 
+def test_prepare_data_builds_a_papers_training_set_and_registers_its_sampling(env: Path) -> None:
+    """EVO-RAG's training set (App. A.1) from ../shared/data: the 110 HotpotQA training questions
+    the folder holds (of the paper's 1,000), its dev split halved into dev and test; the registry's
+    dataset row keeps the seed and each part's counts."""
+    shared = ROOT.parent / "shared" / "data"
+    if not shared.is_dir():
+        pytest.skip("../shared/data holds the benchmark samples")
+    data = prepare_data(f"paper:evo-rag:{shared}", "paper-prep")
+    assert data["counts"] == {"train": 110, "dev": 264, "test": 264} and data["name"] == "paper-evo-rag"
+    with registry().session() as s:
+        from hoprl.registry.models import DatasetRow
+
+        source = json.loads(s.get_one(DatasetRow, data["dataset_id"]).source)
+    assert source["spec"] == f"paper:evo-rag:{shared}" and source["seed"] == 0
+    assert {"part": "hotpotqa:train:1000", "role": "train", "available": 110, "taken": 110} in source["parts"]
+    manifest = json.loads((Path(data["paths"]["train"]).parent / "manifest.json").read_text())
+    assert manifest["sampling"]["missing"] == ["bamboogle:test"]
+
+
 def test_evaluate_stores_predictions_and_publishes_the_report(
     indexed: dict[str, Any], urls: ServiceUrls
 ) -> None:
