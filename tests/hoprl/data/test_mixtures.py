@@ -4,7 +4,6 @@ and the sampling recorded (in the registry too, through prepare_data's splits)."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from flows.data import dataset_name, sampling, split_questions, write_splits
 from hoprl.data.jsonl import DataError, load_questions
 from hoprl.data.mixtures import TrainingData, build, paper_spec, paper_training_set, question_key
 from hoprl.data.sources import load
-from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,7 +89,9 @@ def test_repeated_and_excluded_questions_never_train() -> None:
         return Question(id=qid, dataset="toy", split=split, question=text, answers=["x"])
 
     rows = {
-        ("toy", "train"): [q("a", "Who wrote X?", "train"), q("b", "who  wrote x?", "train"), q("c", "Where is Y?", "train")],
+        ("toy", "train"): [
+            q("a", "Who wrote X?", "train"), q("b", "who  wrote x?", "train"), q("c", "Where is Y?", "train")
+        ],
         ("toy", "dev"): [q("d", "WHERE is y?", "dev")],
     }  # fmt: skip
     built = build(
@@ -116,18 +116,13 @@ def test_a_job_loads_a_papers_training_set_by_name() -> None:
     assert load(spec, "train", seed=5)[0].id == load(spec, "train")[0].id  # the config's seed, not the job's
 
 
-def test_prepare_data_writes_the_split_and_the_registry_keeps_the_sampling(tmp_path: Path) -> None:
+def test_prepare_data_writes_the_splits_with_the_sampling(tmp_path: Path) -> None:
+    """prepare_data's writing task; the flow registers the sampling (tests/flows/test_flows.py)."""
     spec = f"paper:evo-rag:{DATA}"
     assert dataset_name(spec) == "paper-evo-rag"
     splits = split_questions(spec, seed=0)
     assert (len(splits["train"]), len(splits["dev"]) + len(splits["test"])) == (110, 528)
     written = write_splits.fn(spec, 0, None, str(tmp_path))
-    assert written["counts"] == {"train": 110, "dev": 264, "test": 264}
+    assert written["counts"] == {"train": 110, "dev": 264, "test": 264}  # 528 dev questions halved
     assert written["sampling"] == sampling(spec) and written["sampling"]["recipe"] == "evo-rag"
-    with Registry(f"sqlite:///{tmp_path / 'registry.db'}") as registry:
-        source = json.dumps({"spec": spec, **written["sampling"]})
-        row = registry.register_dataset("paper-evo-rag", source, written["content_hash"], written["counts"])
-        stored = json.loads(
-            registry.register_dataset("paper-evo-rag", "again", written["content_hash"], {}).source
-        )
-    assert row.id and stored["seed"] == 0 and stored["parts"][-1]["taken"] == 110
+    assert len(load_questions(written["paths"]["train"])) == 110
