@@ -1,11 +1,11 @@
 """Every recipe trains with its paper's settings unless the request says otherwise.
 
-Each row of :data:`PAPER` is (recipe, objective, setting, value, where the value comes from). The
-value is written here by hand from that source (``docs/papers.md`` quotes it and links it), never
-read from ``RECIPE_DEFAULTS``: a job request that sets nothing must resolve to it. Most training
-settings of the five papers could not be read in their stored copies (docs/papers.md says which);
-where a value rests on DESIGN.md §1 or issue 19 (the project's record of the papers), the row
-says so. ``objective=None`` means the request names no objective: the recipe's own applies.
+Each row of :data:`PAPER` is (recipe, objective, setting, value, where the paper gives it). The
+value is written here by hand from the paper's full text (``../shared/papers/<recipe>.txt``; the
+section, table or appendix is named; ``docs/papers.md`` lists them all), never read from the
+configs: a job request that sets nothing must resolve to it. The trainer's ``paper`` preset reads
+``configs/<recipe>.yaml``; ``tests/hoprl/test_papers_table.py`` checks the files against
+docs/papers.md. ``objective=None`` means the request names no objective: the recipe's own applies.
 
 Also pinned: the ``cpu`` preset's sizes (``make run``, ``hoprl pipeline --small``), a value the
 request sets winning over both, the objective a request without one trains with, and that the
@@ -35,8 +35,6 @@ from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
-DESIGN = "DESIGN.md §1 (the recipes table)"
-ISSUE = "issue 19, 'Defaults' and the recipe's section"
 SEARCH_R1 = "Search-R1's released script scripts/nq_hotpotqa/v0.2/train_grpo.sh (docs/papers.md)"
 SEARCH_R1_PPO = "Search-R1's released script scripts/nq_hotpotqa/v0.2/train_ppo.sh (docs/papers.md)"
 
@@ -44,40 +42,61 @@ SEARCH_R1_PPO = "Search-R1's released script scripts/nq_hotpotqa/v0.2/train_ppo.
 RECIPE_CONFIG = ("top_k", "l_max", "t_max", "max_steps")
 
 PAPER: list[tuple[str, str | None, str, Any, str]] = [
-    # R2AG: DAPO-style token-level clipped objective with the asymmetric clip, flat groups dropped
-    ("r2ag", None, "objective", "dapo", f"{DESIGN}, objective column; {ISSUE}"),
-    ("r2ag", None, "epsilon", 0.2, f"{DESIGN}: eps_low 0.2"),
-    ("r2ag", None, "epsilon_high", 0.28, f"{DESIGN}: eps_high 0.28; {ISSUE} (clip-higher 0.28)"),
-    ("r2ag", None, "dynamic_sampling", True, f"{DESIGN}: drop groups whose rewards have zero std"),
-    ("r2ag", None, "top_k", 1, f"{DESIGN}: the retriever returns top-1 per sub-query"),
-    ("r2ag", None, "l_max", 5, f"{DESIGN}: progressive training, L_MAX=5"),
-    # when-to-search: DAPO without KL, clip-higher and dynamic sampling; top-5, 5 turns
-    ("when-to-search", None, "objective", "dapo", f"{DESIGN}: DAPO (no KL); {ISSUE}"),
-    ("when-to-search", None, "beta", 0.0, f"{DESIGN}: DAPO (no KL)"),
-    ("when-to-search", None, "epsilon_high", 0.28, f"{ISSUE}: DAPO with clip-higher 0.28"),
-    ("when-to-search", None, "dynamic_sampling", True, f"{ISSUE}: DAPO with dynamic sampling"),
-    ("when-to-search", None, "top_k", 5, f"{ISSUE}: 'the paper's top-k 5 and 5 turns are its defaults'"),
-    ("when-to-search", None, "max_turns", 5, f"{ISSUE}: 'the paper's top-k 5 and 5 turns'"),
-    ("when-to-search", None, "max_steps", 5, f"{ISSUE}: 5 turns (the recipe's own cap)"),
-    # Eval-RAR: GRPO with a KL term, top-3 documents
-    ("eval-rar", None, "objective", "grpo", f"{DESIGN}: GRPO with KL"),
-    ("eval-rar", None, "beta", 0.001, f"{DESIGN}: KL beta 0.001"),
-    ("eval-rar", None, "kl_estimator", "k3", f"{DESIGN}: GRPO's KL (TRL's k3); only ARENA changes it"),
-    ("eval-rar", None, "top_k", 3, f"{DESIGN}: top-3 documents"),
-    # ARENA: GRPO with the stabilised k2 KL
-    ("arena", None, "objective", "grpo", f"{DESIGN}: GRPO with the paper's stabilised KL"),
-    ("arena", None, "kl_estimator", "k2", f"{DESIGN}: k2 = 1/2 (log pi/pi_ref)^2 in place of k3"),
-    # EVO-RAG: GRPO by default with per-step normalisation, the preference model, T_max 20
-    ("evo-rag", None, "objective", "grpo", f"{ISSUE} (EVO-RAG): 'the GRPO job that EVO-RAG defaults to'"),
-    ("evo-rag", None, "advantage", "per_step", f"{ISSUE} (EVO-RAG): per-step group normalisation"),
-    ("evo-rag", None, "preference_model", True, f"{ISSUE} (EVO-RAG): the 7-head model, Algorithm 1"),
-    ("evo-rag", None, "max_turns", 20, f"{ISSUE} (EVO-RAG); {DESIGN}: episode cap T_max=20"),
-    ("evo-rag", None, "t_max", 20, f"{DESIGN}: T_max=20"),
-    ("evo-rag", "ppo", "beta", 0.001, f"{ISSUE} (EVO-RAG): PPO with the paper's KL (0.001)"),
-    ("evo-rag", "ppo", "learning_rate", 1e-6, f"{ISSUE} (EVO-RAG): policy 1e-6"),
-    ("evo-rag", "ppo", "critic", "separate", f"{ISSUE} (EVO-RAG): a separate critic (value model)"),
-    ("evo-rag", "ppo", "critic_learning_rate", 1e-5, f"{ISSUE} (EVO-RAG): critic 1e-5"),
-    # the Search-R1 baseline: its authors' reproduction script (the paper's text was not readable)
+    # R2AG: Eq. 6 (DAPO's token-level clipped objective, no KL, groups with reward spread), App. B.2
+    ("r2ag", None, "objective", "dapo", "R2AG §2.4, Eq. 6"),
+    ("r2ag", None, "beta", 0.0, "R2AG Eq. 6 has no KL term"),
+    ("r2ag", None, "epsilon", 0.2, "R2AG App. B.2: eps_low 0.2"),
+    ("r2ag", None, "epsilon_high", 0.28, "R2AG App. B.2: eps_high 0.28"),
+    ("r2ag", None, "dynamic_sampling", True, "R2AG Eq. 6: s.t. std({R_i}) > 0"),
+    ("r2ag", None, "learning_rate", 1e-6, "R2AG App. B.2: initial learning rate 1e-6 (AdamW)"),
+    ("r2ag", None, "questions_per_step", 128, "R2AG App. B.2: prompt batch size 128"),
+    ("r2ag", None, "num_generations", 12, "R2AG App. B.2: group size 12"),
+    ("r2ag", None, "max_new_tokens_per_step", 4096, "R2AG App. B.2: 4,096 output tokens at most"),
+    ("r2ag", None, "top_k", 1, "R2AG App. B.2: k = 1 during training"),
+    ("r2ag", None, "l_max", 5, "R2AG §3.2, App. B.2: 5 retrieval iterations"),
+    # when-to-search: DAPO (§3.2), Table 5, §4.2
+    ("when-to-search", None, "objective", "dapo", "when-to-search §3.2"),
+    ("when-to-search", None, "beta", 0.0, "when-to-search §3.2: DAPO removes the KL term"),
+    ("when-to-search", None, "dynamic_sampling", True, "when-to-search §3.2: dynamic sampling"),
+    ("when-to-search", None, "learning_rate", 1e-6, "when-to-search Table 5: lr 1e-6"),
+    ("when-to-search", None, "questions_per_step", 32, "when-to-search Table 5: batch_size 32"),
+    ("when-to-search", None, "num_generations", 32, "when-to-search Table 5: n 32"),
+    ("when-to-search", None, "temperature", 1.0, "when-to-search Table 5: temperature 1.0"),
+    ("when-to-search", None, "max_turns", 5, "when-to-search Table 5: max_turns 5"),
+    ("when-to-search", None, "token_budget", 16384, "when-to-search Table 5: max_response_length 16384"),
+    ("when-to-search", None, "save_steps", 30, "when-to-search App. B.3: a checkpoint every 30 steps"),
+    ("when-to-search", None, "top_k", 5, "when-to-search §4.2: top-k 5"),
+    ("when-to-search", None, "max_steps", 5, "when-to-search Table 5: 5 turns (the recipe's own cap)"),
+    # Eval-RAR: GRPO (§4.2.4), App. A.2, §5.1
+    ("eval-rar", None, "objective", "grpo", "Eval-RAR §4.2.4"),
+    ("eval-rar", None, "learning_rate", 1e-6, "Eval-RAR App. A.2: lr 1e-6"),
+    ("eval-rar", None, "num_generations", 5, "Eval-RAR App. A.2: G = 5"),
+    ("eval-rar", None, "beta", 0.001, "Eval-RAR App. A.2: beta 0.001"),
+    ("eval-rar", None, "epsilon", 0.2, "Eval-RAR App. A.2: clip 0.2"),
+    ("eval-rar", None, "top_k", 3, "Eval-RAR §5.1: top-3 documents"),
+    # ARENA: GRPO with the k2 KL (§3.2), App. E
+    ("arena", None, "objective", "grpo", "ARENA §3.2"),
+    ("arena", None, "kl_estimator", "k2", "ARENA §3.2: 1/2 (log pi/pi_ref)^2 in place of k3"),
+    ("arena", None, "learning_rate", 3e-6, "ARENA App. E: learning rate 3e-6"),
+    ("arena", None, "num_generations", 7, "ARENA App. E: 7 rollouts per input"),
+    ("arena", None, "temperature", 0.9, "ARENA App. E: temperature 0.9"),
+    ("arena", None, "questions_per_step", 256, "ARENA App. E: total batch size 256"),
+    # EVO-RAG: GRPO with per-step normalisation (§3.4, App. A.5), Table 10, App. A.2
+    ("evo-rag", None, "objective", "grpo", "EVO-RAG App. A.5, Table 7"),
+    ("evo-rag", None, "advantage", "per_step", "EVO-RAG §3.4: A_t = (r_t - mu_t) / (sigma_t + eps)"),
+    ("evo-rag", None, "preference_model", True, "EVO-RAG §3.4, Algorithm 1: the 7-head model"),
+    ("evo-rag", None, "max_turns", 20, "EVO-RAG App. A.2: T_max = 20"),
+    ("evo-rag", None, "t_max", 20, "EVO-RAG App. A.2: T_max = 20"),
+    ("evo-rag", None, "learning_rate", 1e-6, "EVO-RAG Table 10: actor lr 1e-6"),
+    ("evo-rag", None, "beta", 0.0, "EVO-RAG Table 10: GRPO KL coefficient 0.0"),
+    ("evo-rag", None, "questions_per_step", 16, "EVO-RAG Table 10: GRPO train batch 16"),
+    ("evo-rag", None, "max_new_tokens_per_step", 256, "EVO-RAG Table 10: response length 256"),
+    ("evo-rag", "ppo", "beta", 0.001, "EVO-RAG Table 10: PPO KL coefficient 0.001"),
+    ("evo-rag", "ppo", "learning_rate", 1e-6, "EVO-RAG Table 10: actor lr 1e-6"),
+    ("evo-rag", "ppo", "critic", "separate", "EVO-RAG Table 10: a separate critic model"),
+    ("evo-rag", "ppo", "critic_learning_rate", 1e-5, "EVO-RAG Table 10: critic lr 1e-5"),
+    ("evo-rag", "ppo", "questions_per_step", 128, "EVO-RAG Table 10: PPO train batch 128"),
+    # the Search-R1 baseline: its authors' reproduction scripts
     ("search-r1", None, "objective", "grpo", f"{SEARCH_R1}: algorithm.adv_estimator=grpo"),
     ("search-r1", None, "num_generations", 5, f"{SEARCH_R1}: rollout.n_agent=5"),
     ("search-r1", None, "learning_rate", 1e-6, f"{SEARCH_R1}: actor optim.lr=1e-6"),
@@ -95,8 +114,15 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
 
 #: values no paper of ours gives, chosen by the project (docs/papers.md says why)
 PROJECT: list[tuple[str, str, Any, str]] = [
-    ("arena", "beta", 0.001, "DESIGN.md gives ARENA a KL but no coefficient"),
-    ("when-to-search", "learning_rate", None, "no learning rate found: the trainer's generic 1e-5 (RL)"),
+    ("arena", "beta", 0.001, "ARENA App. E's KL coefficient is not legible in the stored text"),
+    ("evo-rag", "top_k", 3, "EVO-RAG App. A.2 keeps k constant across runs without giving it"),
+    (
+        "evo-rag",
+        "num_generations",
+        4,
+        "EVO-RAG's GRPO groups are siblings at a step; their count is not given",
+    ),
+    ("when-to-search", "epsilon_high", 0.28, "when-to-search names eps_high without a value: DAPO's own"),
 ]
 
 #: the cpu preset, by hand: 2 questions x 4 samples a step, 4 turns of 64 tokens, 512-token episodes
@@ -179,9 +205,10 @@ def test_a_value_the_request_sets_wins_over_the_preset_and_the_paper() -> None:
     _, hp = resolve("when-to-search", epsilon_high=0.25, dynamic_sampling=False, recipe_config={"top_k": 2})
     assert (hp.epsilon_high, hp.dynamic_sampling) == (0.25, False)
     assert get_recipe("when-to-search", **hp.recipe_config).top_k == 2
-    # the token budget derived from the recipe's config follows the request's top_k and turns:
-    # 5 turns x (64 generated + 2 documents x 200 tokens) = 2320
-    assert hp.token_budget == 5 * (64 + 2 * 200)
+    # EVO-RAG's token budget is derived from its config and follows the request's top_k and T_max:
+    # 5 steps x (256 generated, Table 10 + 2 documents x 200 tokens) = 3280
+    _, hp = resolve("evo-rag", recipe_config={"top_k": 2, "t_max": 5})
+    assert hp.token_budget == 5 * (256 + 2 * 200)
 
 
 def test_an_explicit_objective_wins_and_picks_its_own_paper_settings() -> None:
