@@ -55,7 +55,9 @@ def trainer(roots: dict[str, Path]) -> Iterator[httpx.Client]:
 
 
 def post(http: httpx.Client, **fields: Any) -> httpx.Response:
-    return http.post("/v1/jobs", json={"recipe": "search-r1", **fields})
+    """A job of the one recipe without a paper config (naive-rag): the sizes it leaves unset are the
+    trainer's generic ones, not a paper's (configs/<recipe>.yaml), so the sums below hold."""
+    return http.post("/v1/jobs", json={"recipe": "naive-rag", **fields})
 
 
 def test_datasets_must_resolve_inside_the_data_roots(trainer: httpx.Client, roots: dict[str, Path]) -> None:
@@ -64,6 +66,7 @@ def test_datasets_must_resolve_inside_the_data_roots(trainer: httpx.Client, root
         "/etc/passwd",
         "/etc/no-such-file.jsonl",  # the same answer whether the file exists or not
         "../../../../../../etc/passwd",
+        "paper:evo-rag:/etc",  # a paper's training set from a folder is prepare_data's, not a job's
         str(roots["outside"] / "secret.jsonl"),
         str(roots["data"] / "escape.jsonl"),  # a symlink out of the root
         str(roots["data"] / ".." / "outside" / "secret.jsonl"),
@@ -78,7 +81,7 @@ def test_datasets_must_resolve_inside_the_data_roots(trainer: httpx.Client, root
     assert (missing.status_code, missing.json()["error"]) == (404, "dataset_not_found")
     unknown = post(trainer, dataset="no-such-benchmark")
     assert (unknown.status_code, unknown.json()["error"]) == (422, "unknown_dataset")
-    for dataset in ("synthetic:0:2", "hotpotqa", str(roots["data"] / "train.jsonl")):
+    for dataset in ("synthetic:0:2", "hotpotqa", "paper:evo-rag", str(roots["data"] / "train.jsonl")):
         assert post(trainer, dataset=dataset).status_code == 201, dataset
 
 
