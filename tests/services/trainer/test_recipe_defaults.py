@@ -80,7 +80,7 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("arena", None, "learning_rate", 3e-6, "ARENA App. E: learning rate 3e-6"),
     ("arena", None, "num_generations", 7, "ARENA App. E: 7 rollouts per input"),
     ("arena", None, "temperature", 0.9, "ARENA App. E: temperature 0.9"),
-    ("arena", None, "questions_per_step", 256, "ARENA App. E: total batch size 256"),
+    ("arena", None, "questions_per_step", 252, "ARENA App. E: batch 256; 7 processes x 36 whole groups"),
     # EVO-RAG: GRPO with per-step normalisation (§3.4, App. A.5), Table 10, App. A.2
     ("evo-rag", None, "objective", "grpo", "EVO-RAG App. A.5, Table 7"),
     ("evo-rag", None, "advantage", "per_step", "EVO-RAG §3.4: A_t = (r_t - mu_t) / (sigma_t + eps)"),
