@@ -67,9 +67,9 @@ def job_request(
     recipe_config: dict[str, Any] | None,
     preset: str = "paper",
 ) -> dict[str, Any]:
-    """The trainer request every segment shares. A JSONL dataset is trained on its prepared train
-    split; ``synthetic`` and hub names are loaded by the trainer itself (with the synthetic
-    world's expert hops for SFT).
+    """The trainer request every segment shares. A JSONL dataset and a paper's training set
+    (``paper:<recipe>[:<folder>]``) are trained on their prepared train split; ``synthetic`` and hub
+    names are loaded by the trainer itself (with the synthetic world's expert hops for SFT).
 
     ``preset`` goes to the trainer, which resolves the sizes it stands for (``cpu``:
     :data:`hoprl.schemas.trainer.CPU_PRESET`); ``hyperparameters`` set here win over it. The
@@ -81,7 +81,8 @@ def job_request(
         config.setdefault("switch_step", max(1, steps // 2))  # stage 2 for the second half
     hp = {"preset": preset, "max_train_questions": data["counts"]["train"], **(hyperparameters or {})}
     hp["recipe_config"] = config
-    source = data["paths"]["train"] if data["source"].endswith(".jsonl") else dataset
+    prepared = data["source"].endswith(".jsonl") or data["source"].startswith("paper:")
+    source = data["paths"]["train"] if prepared else dataset
     return {
         "recipe": recipe,
         "objective": objective,
