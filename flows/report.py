@@ -48,6 +48,7 @@ from prefect.runtime import flow_run
 from sqlalchemy import select
 
 from flows.runs import registry, run_dir
+from hoprl.judging import judge_flag
 from hoprl.registry.models import EvaluationRow
 
 # The report's tables: (metric key, column header); each table stays a few short columns wide.
@@ -137,6 +138,9 @@ def markdown_table(run_id: str) -> str:
         lines += table(["evaluation"] + [h for _, h in RETRIEVAL_COLUMNS], retrieval)
         lines += ["### Seconds per question", ""]
         lines += table(["evaluation"] + [h for _, h in TIME_COLUMNS], times)
+    flag = judge_flag(registry().latest_metrics(run_id), prefix="train/")
+    if flag:
+        lines += ["## Judge", "", f"**Warning:** {flag}.", ""]
     switches = registry().stage_switches(run_id)
     if switches:
         lines += ["## Curriculum", ""] + [
