@@ -69,6 +69,16 @@ def test_report_tables_are_narrow(run_id: str) -> None:
     assert final[1] == "+0.750" and final[2].startswith("[")
 
 
+def test_report_flags_rules_verdicts_where_the_paper_used_an_llm(run_id: str) -> None:
+    """A segment's judge counts (copied to the run as ``train/judge/*``) put a warning in the report."""
+    assert "## Judge" not in markdown_table(run_id)
+    counts = {"judge/llm_expected": 1.0, "judge/service_bound": 1.0, "judge/calls": 8.0,
+              "judge/llm_calls": 5.0, "judge/fallbacks": 3.0}  # fmt: skip
+    registry().log_metrics(run_id, 4, {f"train/{k}": v for k, v in counts.items()})
+    text = markdown_table(run_id)
+    assert "## Judge" in text and "3 of 8 verdicts came from the rules judge" in text
+
+
 def test_accuracy_plot_labels_never_overlap() -> None:
     """Three evaluations on one point and one apart: every name is drawn once, inside the
     figure, and no two names overlap (labels written at the points covered each other)."""
