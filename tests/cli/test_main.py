@@ -182,6 +182,21 @@ def test_printed_formula_totals(tmp_path: Path) -> None:
     assert report["total"] == pytest.approx(1.5, abs=1e-4)
 
 
+def test_judge_url_counts_who_decided(tmp_path: Path) -> None:
+    """``--judge-url``: the reward asks the judge service; one that does not answer is a counted
+    fallback (the rules decide), printed under ``judge``."""
+    search = "<think>t</think>\n<search>Acme founder</search>"
+    answer = "<reflect>It names her.</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>"
+    ep = search_then_answer("when-to-search", search, "Jane Roe", answer)
+    path = write(tmp_path, "j.json", ep.model_dump())
+    out = hoprl("reward", "--judge-url", "http://127.0.0.1:9", str(path), cwd=tmp_path)  # nothing listens
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    # the rules judge: "Jane Roe" is the reference, r_a = 1; r_s = 0, r_f = 1: r = 2
+    assert report["total"] == 2.0
+    assert report["judge"]["judge/calls"] == 1 and report["judge"]["judge/fallbacks"] == 1
+
+
 def test_evo_rag_prints_each_steps_signals(tmp_path: Path) -> None:
     doc = RetrievedDoc(id="acme", title="Acme Records", text="Acme Records was founded by Jane Roe.")
     ep = Episode(
