@@ -127,6 +127,12 @@ def markdown_table(run_id: str) -> str:
         lines += [f"## {dataset} ({group[0].split}, {group[0].metrics.get('questions', '?')} questions)", ""]
         lines += ["### Answers", ""]
         lines += table(["evaluation", "recipe"] + [h for _, h in ANSWER_COLUMNS], answers, names=2)
+        lines += [
+            f"**Warning:** `{name}`: {1 - share:.0%} of the judge column's verdicts came from the rules "
+            "judge, not an LLM (the papers judge with an LLM).\n"
+            for name, r in zip(names, group, strict=True)
+            if (share := r.metrics.get("judge_llm_share")) is not None and share < 1
+        ]
         lines += ["### EM against `baseline` (paired bootstrap, 10,000 resamples)", ""]
         lines += table(
             ["evaluation", "EM diff", "95% CI", "p"],

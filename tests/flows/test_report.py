@@ -39,6 +39,7 @@ def run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             "recall@2": 0.25, "recall@5": 0.5, "full_recall@5": 0.25, "map@10": 0.3125,
             "latency_p50_s": 1.234, "latency_p99_s": 2.5, "retrieval_s": 0.05, "generation_s": 1.125,
             "agent_k": 2.5, "agent_recall": 0.75, "agent_full_recall": 0.5, "agent_map": 0.625,
+            "judge_llm_share": 0.5 if label == "final" else 1.0,
         }  # fmt: skip
         predictions = [
             Prediction(question_id=f"q{i}", prediction="x", refused=False, em=em, f1=em,
@@ -67,6 +68,8 @@ def test_report_tables_are_narrow(run_id: str) -> None:
     # final vs baseline: EM 0.75 vs 0 on the same 4 questions, a difference of +0.750
     (final,) = [c for c in cells if c[0] == "final" and c[1].startswith("+")]
     assert final[1] == "+0.750" and final[2].startswith("[")
+    # half of final's judge verdicts came from the rules: one warning, for final only
+    assert text.count("**Warning:**") == 1 and "`final`: 50% of the judge column's verdicts" in text
 
 
 def test_report_flags_rules_verdicts_where_the_paper_used_an_llm(run_id: str) -> None:
