@@ -17,18 +17,20 @@ import pytest
 from hoprl.agent.trajectory import Episode, Step
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
+from hoprl.data.jsonl import write_questions
 from hoprl.generation.model import resolve_model
 from hoprl.judging import JudgeLedger, judge_flag
 from hoprl.recipes import get_recipe
 from hoprl.recipes.scoring import score_episodes
 from hoprl.registry.store import Registry
+from hoprl.schemas import Question
 from hoprl.schemas.judge import AnswerItem
-from hoprl.schemas.trainer import JobRequest, JudgeSpec
+from hoprl.schemas.trainer import Hyperparameters, JobRequest, JudgeSpec
 from services.judge.app import create_app as create_judge
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer
 from services.policy.app import create_app as create_policy
-from services.trainer.jobs import bind_judge
+from services.trainer.jobs import bind_judge, run_job, submit
 from services.trainer.routes import job_view
 from services.trainer.settings import TrainerSettings
 from tests.services.policy.conftest import COLLECTION, CORPUS, small_settings
@@ -168,3 +170,50 @@ def test_recipes_without_a_judge_or_a_paper_judge_are_left_alone() -> None:
     wts = get_recipe("when-to-search")
     assert bind_judge(wts, JobRequest(recipe="when-to-search"), TrainerSettings()) is None
     assert wts.judge is None  # exact match decides, as before
+
+
+def test_a_job_records_who_judged_its_reward(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
+) -> None:
+    """A when-to-search job whose request names the paper's LLM judge but runs without a judge
+    service: one GRPO step, every r_a verdict from the rules, counted in the job's metrics and
+    flagged in ``GET /v1/jobs/{id}``."""
+    data = tmp_path / "train.jsonl"
+    write_questions(data, synthetic["train"][:1])
+    settings = TrainerSettings(
+        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
+        runs_dir=tmp_path / "runs",
+        retriever_url=retriever_url,
+        torch_threads=1,
+    )
+    hp = Hyperparameters(
+        questions_per_step=1,
+        num_generations=2,
+        max_new_tokens_per_step=8,
+        token_budget=64,
+        max_turns=2,
+        save_steps=1,
+        eval_questions=1,
+        max_train_questions=1,
+    )
+    request = JobRequest(
+        recipe="when-to-search",
+        objective="grpo",
+        model=tiny_model,
+        dataset=str(data),
+        collection=collection,
+        steps=1,
+        hyperparameters=hp,
+        judge=JudgeSpec(model="Qwen/Qwen3-235B-A22B-Instruct-2507"),
+    )
+    with Registry(settings.database_url) as registry:
+        run_id = submit(registry, request).id
+        run_job(run_id, settings, registry)
+        metrics = registry.latest_metrics(run_id)
+        view = job_view(registry.get_run(run_id), registry)  # type: ignore[arg-type]
+    # one question x 2 samples: r_a asks the judge at least once per completion (TRL may score more
+    # generations per step), and the rules answer every time
+    calls = metrics["judge/calls"]
+    assert calls >= 2 and metrics["judge/fallbacks"] == calls and metrics["judge/llm_calls"] == 0
+    assert (metrics["judge/llm_expected"], metrics["judge/service_bound"]) == (1, 0)
+    assert view.judge_flag is not None and "no judge service was bound" in view.judge_flag
