@@ -71,10 +71,18 @@ def cmd_reward(args: argparse.Namespace) -> int:
             return 2
     try:
         recipe = get_recipe(args.recipe or episode.recipe, **json.loads(args.config))
+        ledger = None
+        if args.judge_url and hasattr(recipe, "judge"):  # when-to-search's r_a, EVO-RAG's r_ref
+            from hoprl.clients.judge import RemoteJudge
+            from hoprl.judging import JudgeLedger
+
+            ledger = recipe.judge = JudgeLedger(RemoteJudge(args.judge_url), expected="openai", bound=True)
         report = explain(recipe, episode, question)
     except (KeyError, ValueError, ValidationError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    if ledger is not None:
+        report["judge"] = ledger.metrics()
     print(json.dumps(report, indent=2))
     return 0
 
@@ -328,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     rew.add_argument("--data", default=None, help="common-schema JSONL holding the episode's question")
     rew.add_argument(
         "--config", default="{}", help="recipe config overrides as JSON, e.g. '{\"r_eval\": 0.2}'"
+    )
+    rew.add_argument(
+        "--judge-url",
+        default=None,
+        help="the judge service for the rewards that call a judge (when-to-search, evo-rag); unset: the "
+        "recipe's own (rules, or exact match); the report's 'judge' counts the verdicts and fallbacks",
     )
     rew.set_defaults(func=cmd_reward)
 

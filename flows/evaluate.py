@@ -86,7 +86,11 @@ def answer_questions(
 def judge_answers(
     predictions_path: str, questions_path: str, limit: int | None, judge_url: str
 ) -> list[bool]:
-    """One verdict per prediction; refusing an unanswerable question is correct."""
+    """One verdict per prediction; refusing an unanswerable question is correct.
+
+    Each graded row of the predictions file gets ``judge_llm``: whether an LLM decided it (the
+    judge service's ``openai`` backend, no fallback to the rules), which :func:`judge_llm_share`
+    sums up for the report."""
     rows = json.loads(Path(predictions_path).read_text())
     questions = {q.id: q for q in load_questions(questions_path, limit)}
     graded = [r for r in rows if r["answers"]]
@@ -97,13 +101,19 @@ def judge_answers(
         for r in graded
     ]
     with JudgeClient(judge_url) as client:
-        verdicts = [
-            v.verdict
-            for i in range(0, len(items), JUDGE_BATCH)
-            for v in client.answer(items[i : i + JUDGE_BATCH])
-        ]
-    by_id = dict(zip((r["id"] for r in graded), verdicts, strict=True))
+        batches = [items[i : i + JUDGE_BATCH] for i in range(0, len(items), JUDGE_BATCH)]
+        judged = [v for batch in batches for v in client.answer(batch)]
+    for row, verdict in zip(graded, judged, strict=True):
+        row["judge_llm"] = verdict.backend == "openai" and not verdict.fallback
+    Path(predictions_path).write_text(json.dumps(rows, indent=1))
+    by_id = dict(zip((r["id"] for r in graded), (v.verdict for v in judged), strict=True))
     return [by_id.get(r["id"], r["outcome"] == "refuse") for r in rows]
+
+
+def judge_llm_share(rows: list[dict[str, Any]]) -> float | None:
+    """The share of the judged predictions an LLM decided (``None`` when none was judged)."""
+    judged = [bool(r["judge_llm"]) for r in rows if "judge_llm" in r]
+    return sum(judged) / len(judged) if judged else None
 
 
 @task(retries=2, retry_delay_seconds=5)
@@ -178,6 +188,7 @@ def evaluate(
         **summary,
         **retrieval,
         "judge_accuracy": sum(verdicts) / max(1, len(verdicts)),
+        "judge_llm_share": judge_llm_share(rows),
         "label": label,
         "recipe": recipe,
         "collection": collection,

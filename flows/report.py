@@ -48,6 +48,7 @@ from prefect.runtime import flow_run
 from sqlalchemy import select
 
 from flows.runs import registry, run_dir
+from hoprl.judging import judge_flag
 from hoprl.registry.models import EvaluationRow
 
 # The report's tables: (metric key, column header); each table stays a few short columns wide.
@@ -126,6 +127,12 @@ def markdown_table(run_id: str) -> str:
         lines += [f"## {dataset} ({group[0].split}, {group[0].metrics.get('questions', '?')} questions)", ""]
         lines += ["### Answers", ""]
         lines += table(["evaluation", "recipe"] + [h for _, h in ANSWER_COLUMNS], answers, names=2)
+        lines += [
+            f"**Warning:** `{name}`: {1 - share:.0%} of the judge column's verdicts came from the rules "
+            "judge, not an LLM (the papers judge with an LLM).\n"
+            for name, r in zip(names, group, strict=True)
+            if (share := r.metrics.get("judge_llm_share")) is not None and share < 1
+        ]
         lines += ["### EM against `baseline` (paired bootstrap, 10,000 resamples)", ""]
         lines += table(
             ["evaluation", "EM diff", "95% CI", "p"],
@@ -137,6 +144,9 @@ def markdown_table(run_id: str) -> str:
         lines += table(["evaluation"] + [h for _, h in RETRIEVAL_COLUMNS], retrieval)
         lines += ["### Seconds per question", ""]
         lines += table(["evaluation"] + [h for _, h in TIME_COLUMNS], times)
+    flag = judge_flag(registry().latest_metrics(run_id), prefix="train/")
+    if flag:
+        lines += ["## Judge", "", f"**Warning:** {flag}.", ""]
     switches = registry().stage_switches(run_id)
     if switches:
         lines += ["## Curriculum", ""] + [

@@ -5,7 +5,8 @@ the trainer service (``POST /v1/jobs``) that starts from the previous segment's 
 SFT warm start is segment zero. Between two segments the flow
 
 1. registers the segment's checkpoint on the pipeline run at its global step;
-2. copies the job's training curves (``reward``, ``loss``, ``rewards/*``) into the run's metrics
+2. copies the job's training curves (``reward``, ``loss``, ``rewards/*``) and its judge counts
+   (``judge/*``: who decided the reward's verdicts, the fallbacks) into the run's metrics
    as ``train/<name>`` at global steps;
 3. checks the policy on dev: serves the checkpoint (``POST /v1/admin/checkpoint``), rolls out the
    dev questions (:func:`flows.rollouts.collect_rollouts`) and scores them
@@ -119,7 +120,8 @@ def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: st
 def copy_curves(run_id: str, job_id: str, offset: int) -> None:
     """The job's per-step training metrics as the run's ``train/<name>`` at global steps."""
     reg = registry()
-    names = [n for n in reg.latest_metrics(job_id) if n in COPIED_METRICS or n.startswith("rewards/")]
+    copied = [n for n in reg.latest_metrics(job_id)]
+    names = [n for n in copied if n in COPIED_METRICS or n.startswith(("rewards/", "judge/"))]
     by_step: dict[int, dict[str, float]] = {}
     for name in names:
         for step, value in reg.metric_series(job_id, name):

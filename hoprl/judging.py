@@ -249,3 +249,67 @@ class RulesJudge:
         sign = ">=" if ok else "<"
         why = f"{share:.2f} of the question's content words in evidence {sign} {self.min_question_overlap}"
         return self._verdict(ok, share, why)
+
+
+class JudgeLedger:
+    """A judge that counts who decided: wraps any :class:`Judge` and tallies each verdict's backend.
+
+    ``expected`` is the backend the paper's reward or metric calls for (``"openai"``: an LLM judge;
+    ``"rules"``); ``bound`` says whether ``judge`` is the judge service (not the embedded rules). A
+    verdict from another backend, or one marked ``fallback`` (the judge service's LLM or the
+    service itself was unreachable), counts as a fallback, so a job whose reward ran on the rules
+    where the paper used an LLM says so in its metrics (:meth:`metrics`, :func:`judge_flag`).
+
+    >>> ledger = JudgeLedger(RulesJudge(), expected="openai")
+    >>> ledger.answer("Paris", ["Paris"]).verdict, ledger.metrics()["judge/fallbacks"]
+    (True, 1.0)
+    """
+
+    def __init__(self, judge: Judge, expected: str = "rules", bound: bool = False) -> None:
+        self.judge, self.expected, self.bound = judge, expected, bound
+        self.calls = self.fallbacks = 0
+        self.by_backend: dict[str, int] = {}
+
+    def answer(self, prediction: str, references: list[str], question: str = "") -> Verdict:
+        return self._count(self.judge.answer(prediction, references, question))
+
+    def answerable(self, question: str, evidence: list[str], references: list[str] | None = None) -> Verdict:
+        return self._count(self.judge.answerable(question, evidence, references))
+
+    def _count(self, verdict: Verdict) -> Verdict:
+        self.calls += 1
+        self.by_backend[verdict.backend] = self.by_backend.get(verdict.backend, 0) + 1
+        if verdict.backend != self.expected or getattr(verdict, "fallback", False):
+            self.fallbacks += 1
+        return verdict
+
+    def metrics(self) -> dict[str, float]:
+        """``judge/llm_expected`` (1 when the paper's judge is an LLM), ``judge/service_bound``,
+        ``judge/calls``, ``judge/llm_calls`` (verdicts an LLM gave) and ``judge/fallbacks``."""
+        return {
+            "judge/llm_expected": float(self.expected != "rules"),
+            "judge/service_bound": float(self.bound),
+            "judge/calls": float(self.calls),
+            "judge/llm_calls": float(self.by_backend.get("openai", 0)),
+            "judge/fallbacks": float(self.fallbacks),
+        }
+
+
+def judge_flag(metrics: dict[str, float], prefix: str = "") -> str | None:
+    """A warning when the paper's LLM judge was not the one that decided, else ``None``.
+
+    Reads :meth:`JudgeLedger.metrics` as a job logs them (``prefix`` ``"train/"`` on a pipeline run).
+
+    >>> judge_flag({"judge/llm_expected": 1.0, "judge/calls": 4.0, "judge/fallbacks": 4.0})
+    'the paper judges with an LLM, but 4 of 4 verdicts came from the rules judge (fallback)'
+    """
+    expected = metrics.get(f"{prefix}judge/llm_expected", 0.0)
+    calls, fallbacks = metrics.get(f"{prefix}judge/calls", 0.0), metrics.get(f"{prefix}judge/fallbacks", 0.0)
+    if expected and not metrics.get(f"{prefix}judge/service_bound", 1.0):
+        return "the paper judges with an LLM, but no judge service was bound: the rules judge decides"
+    if not expected or not fallbacks:
+        return None
+    return (
+        f"the paper judges with an LLM, but {fallbacks:.0f} of {calls:.0f} verdicts came from the "
+        "rules judge (fallback)"
+    )

@@ -9,7 +9,11 @@ Rewards (each its own function; the paper's total is their sum):
 
 - format: 1 if the three blocks are each present once, closed, in this order, with nothing but
   whitespace around them and a bracketed list of integers in ``<relevance>``; else 0.
-- accuracy: normalised exact match of the answer (1 or 0).
+- accuracy: normalised exact match of the answer against any gold answer or alias (1 or 0),
+  normalised as the paper's evaluation does it (App. C.1, :func:`normalize_arena`): lowercase,
+  punctuation and the articles a/an/the removed, underscores replaced by spaces, spaces collapsed.
+  ``answer_norm="squad"`` uses the SQuAD normalisation of :mod:`hoprl.metrics.answer` instead (it
+  deletes underscores with the punctuation: "new_york" is "newyork" there, "new york" here).
 - relevance: 1 if the cited set equals the gold set, 0.5 if they overlap partially, 0 if they are
   disjoint or nothing is cited. The gold set is the 1-based positions of the ``is_gold``
   paragraphs, read from the ``paragraphs`` column passed to the reward.
@@ -22,8 +26,9 @@ from __future__ import annotations
 
 import random
 import re
+import string
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -43,6 +48,9 @@ from hoprl.recipes.baselines import (
 from hoprl.schemas import Paragraph, Question
 
 TAGS = ["relevance", "analysis", "answer"]
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+# App. C.1 lists underscore replacement as its own step, so "_" is a space, not punctuation
+_PUNCTUATION = frozenset(string.punctuation) - {"_"}
 _REF_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]")
 
 ARENA_PROMPT = (
@@ -63,6 +71,25 @@ class ArenaConfig(BaseModel):
     relevance_full: float = 1.0
     relevance_partial: float = 0.5
     bonus: float = 10.0
+    #: the accuracy reward's normalisation: the paper's (App. C.1) or SQuAD's
+    answer_norm: Literal["arena", "squad"] = "arena"
+
+
+def normalize_arena(text: str) -> str:
+    """ARENA's answer normalisation (App. C.1): lowercase, remove punctuation and articles,
+    replace underscores with spaces, collapse multiple spaces.
+
+    >>> normalize_arena("The New_York  Times!")
+    'new york times'
+    """
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION).replace("_", " ")
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def arena_exact_match(prediction: str, answers: list[str]) -> float:
+    """1.0 if the normalised prediction equals any normalised gold answer or alias (App. C.1)."""
+    pred = normalize_arena(prediction)
+    return max((float(pred == normalize_arena(a)) for a in answers), default=0.0)
 
 
 def cited(text: str) -> set[int]:
@@ -115,6 +142,7 @@ def make_arena_rewards(config: ArenaConfig | None = None) -> list[RewardFunc]:
     """The four ARENA reward functions ``[format, accuracy, relevance, bonus]``; their sum is R."""
     cfg = config or ArenaConfig()
     rel_score = {"full": cfg.relevance_full, "partial": cfg.relevance_partial, "none": 0.0}
+    match = arena_exact_match if cfg.answer_norm == "arena" else exact_match
 
     def _parts(completions: Sequence[Any], kw: dict[str, Any]) -> list[tuple[bool, bool, str]]:
         """Per completion: (well formed, exact match, relevance match)."""
@@ -126,7 +154,7 @@ def make_arena_rewards(config: ArenaConfig | None = None) -> list[RewardFunc]:
         preds = final_answers(completions, episodes)
         golds = gold_answers(len(texts), kw.get("answers"), episodes)
         return [
-            (well_formed(t), exact_match(p, g) == 1.0, relevance_match(cited(t), gold_refs(ps)))
+            (well_formed(t), match(p, g) == 1.0, relevance_match(cited(t), gold_refs(ps)))
             for t, p, g, ps in zip(texts, preds, golds, paragraphs, strict=True)
         ]
 
@@ -134,7 +162,7 @@ def make_arena_rewards(config: ArenaConfig | None = None) -> list[RewardFunc]:
     def format_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
         return [cfg.format_score if f else 0.0 for f, _, _ in _parts(completions, kw)]
 
-    @versioned("arena_accuracy@1")
+    @versioned("arena_accuracy@2")
     def accuracy_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
         return [cfg.accuracy_score if a else 0.0 for _, a, _ in _parts(completions, kw)]
 
@@ -153,7 +181,7 @@ def make_arena_reward(config: ArenaConfig | None = None) -> RewardFunc:
     """The total R = format + accuracy + relevance + bonus, as one function."""
     parts = make_arena_rewards(config)
 
-    @versioned("arena@1")
+    @versioned("arena@2")
     def arena_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
         columns = [fn(prompts, completions, **kw) for fn in parts]
         return [sum(v or 0.0 for v in row) for row in zip(*columns, strict=True)]

@@ -15,15 +15,17 @@ so a wrong final answer still earns a small reward (r_eval = 0.1) when the polic
 answer while evaluating evidence.
 
 An invalid action (no ``<search>`` or ``<answer>`` block, nested tags) does not end the episode:
-as in Search-R1's rollout loop, which Eval-RAR trains with, the retry message
-:data:`RETRY_MESSAGE` is injected (mask 0) and the policy tries again, within the step cap.
-``retry_invalid=False`` ends the episode at the first invalid action instead.
+Algorithm 1 (line 22) appends "My action is wrong. Let me try again." (:data:`RETRY_MESSAGE`,
+injected with mask 0) and the policy tries again, within the step cap N.
+``retry_text="search-r1"`` injects Search-R1's longer message (:data:`SEARCH_R1_RETRY_MESSAGE`,
+the project's earlier choice); ``retry_invalid=False`` ends the episode at the first invalid
+action instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from hoprl.agent.parsing import parse_tags
 from hoprl.agent.trajectory import Episode
@@ -47,8 +49,12 @@ EVAL_RAR_PROMPT = (
 )
 
 
-#: Search-R1's invalid-action message (its rollout loop), injected after a malformed segment
-RETRY_MESSAGE = (
+#: Eval-RAR's Algorithm 1, line 22: what the loop appends after an action that is neither a
+#: search nor an answer
+RETRY_MESSAGE = "My action is wrong. Let me try again."
+
+#: Search-R1's invalid-action message (its rollout loop), the ``retry_text="search-r1"`` option
+SEARCH_R1_RETRY_MESSAGE = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> "
     "and </search>. If I want to give the final answer, I should put the answer between <answer> and "
     "</answer>. Let me try again.\n"
@@ -60,8 +66,10 @@ class EvalRARConfig(SearchR1Config):
     system_prompt: str = EVAL_RAR_PROMPT
     #: reward for a gold answer inside the <evaluate> blocks when the final answer is wrong
     r_eval: float = 0.1
-    #: inject RETRY_MESSAGE after an invalid action and go on (the paper's loop), or end the episode
+    #: inject a retry message after an invalid action and go on (the paper's loop), or end the episode
     retry_invalid: bool = True
+    #: which message: Algorithm 1's (line 22) or Search-R1's (the earlier choice)
+    retry_text: Literal["algorithm1", "search-r1"] = "algorithm1"
 
 
 def evaluate_text(text: str) -> str:
@@ -125,7 +133,8 @@ class EvalRAR(SearchR1):
     def __init__(self, **config: Any) -> None:
         self.config = EvalRARConfig(**config)
         self.top_k = self.config.top_k
-        self.retry_message = RETRY_MESSAGE if self.config.retry_invalid else ""
+        message = RETRY_MESSAGE if self.config.retry_text == "algorithm1" else SEARCH_R1_RETRY_MESSAGE
+        self.retry_message = message if self.config.retry_invalid else ""
 
     def reward_funcs(self) -> list[RewardFunc]:
         """One function, the paper's total (its components are module functions, for logging)."""

@@ -9,10 +9,12 @@ Protocol: ``<think>`` ... ``<search>keywords</search>``, the injected ``<informa
   without searching) or ``think (search reflect think?)+ answer`` (every search is reflected on
   before the next search or the answer). ``format_rule="lenient"`` also accepts ``think answer``
   (this project's earlier reading, kept as an option).
-- r_s (search), with RC the number of searches: 0 if RC = 0; for RC = 1, 0 if the query is
-  concise and -1 if not; for RC > 1, minus the average pairwise cosine similarity of the queries
-  (all pairs i < j, embedded with :func:`hoprl.embedding.get_embedder`), so repeated searches
-  are penalised by how much they repeat each other.
+- r_s (search, Eq. 9), with RC = N the number of searches: 0 if RC = 0; for RC = 1, 0 if the
+  query is concise and -1 if not; for RC > 1, ``-avg_sim`` with Eq. 8 as printed,
+  ``avg_sim = sum_{i<j} cos(m_i, m_j) / (N(N-1))`` (queries embedded with
+  :func:`hoprl.embedding.get_embedder`). The printed denominator is twice the number of pairs, so
+  N identical queries give avg_sim = 0.5; ``avg_sim="pairs"`` divides by the N(N-1)/2 pairs
+  instead (the mean of pairwise cosines the sentence before Eq. 8 names; identical queries: 1).
 - r_a (answer), b = 0.3: stage 1: 1 if correct else -1 + b*RC (searching is encouraged when
   wrong); stage 2: 1 - b*RC if correct else -1 (searching costs once the policy is right).
   Correct is decided as in the paper's protocol by a judge (``correct_metric="judge"``, the
@@ -171,6 +173,9 @@ class WhenToSearchConfig(SearchR1Config):
     concise_max_words: int = 6
     question_words: tuple[str, ...] = QUESTION_WORDS
     format_rule: Literal["paper", "lenient"] = "paper"
+    #: r_s's avg_sim: "eq8" divides the sum over i < j by N(N-1) as Eq. 8 prints; "pairs" by the
+    #: N(N-1)/2 pairs (the mean of pairwise cosines, the project's earlier reading)
+    avg_sim: Literal["eq8", "pairs"] = "eq8"
     correct_metric: Literal["judge", "em", "containment"] = "judge"
     expert: Literal["hops", "adaptive", "hops-adaptive"] = "hops"
     curriculum: Literal["steps", "plateau"] = "steps"
@@ -225,7 +230,9 @@ def search_score(queries: list[str], cfg: WhenToSearchConfig) -> float:
 
     sim = get_embedder().similarity(queries, queries)
     pairs = list(itertools.combinations(range(len(queries)), 2))
-    return -float(sum(sim[i, j] for i, j in pairs) / len(pairs))
+    n = len(queries)
+    denominator = n * (n - 1) if cfg.avg_sim == "eq8" else len(pairs)
+    return -float(sum(sim[i, j] for i, j in pairs) / denominator)
 
 
 def answer_score(correct: bool, rc: int, stage: int, b: float) -> float:
@@ -319,7 +326,7 @@ class WhenToSearch(SearchR1):
             texts = generated_texts(completions, kw.get("episodes"))
             return [1.0 if well_formed(t, cfg.format_rule) else -1.0 for t in texts]
 
-        @versioned("wts_search@1")
+        @versioned("wts_search@2")
         def search_reward(prompts: Any, completions: Sequence[Any], **kw: Any) -> list[float | None]:
             return [search_score(q, cfg) for q in search_queries(completions, kw.get("episodes"))]
 

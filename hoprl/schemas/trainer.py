@@ -308,6 +308,22 @@ def _recipe_names(schema: dict[str, Any]) -> None:
     schema["enum"] = sorted(RECIPES)
 
 
+class JudgeSpec(BaseModel):
+    """The judge a recipe's reward calls (when-to-search's correctness, EVO-RAG's refusals), as the
+    paper has it. The trainer binds the judge service at ``url`` (else ``TRAINER_JUDGE_URL``), run
+    with ``JUDGE_BACKEND=openai`` and ``JUDGE_MODEL`` serving ``model``; without a service the rules
+    judge decides, and the job's ``judge/*`` metrics count every such verdict as a fallback."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["openai", "rules"] = Field("openai", description="what the paper judges with")
+    model: str | None = Field(None, description="the paper's judge model (the service's JUDGE_MODEL)")
+    url: str | None = Field(None, description="the judge service; unset = the trainer's TRAINER_JUDGE_URL")
+    answer_prompt: str | None = Field(
+        None, description="the service's JUDGE_ANSWER_PROMPT for the paper's wording, e.g. arena_lj@1"
+    )
+
+
 class JobRequest(BaseModel):
     """``POST /v1/jobs``: what to train, from where, on what, for how long."""
 
@@ -333,6 +349,9 @@ class JobRequest(BaseModel):
         None, description="a job id (its latest checkpoint) or a checkpoint folder"
     )
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    judge: JudgeSpec | None = Field(
+        None, description="the paper's judge for the reward; unset = the judge service if the trainer has one"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -367,6 +386,9 @@ class Job(BaseModel):
     steps: int = Field(description="steps asked for")
     stage: str | None = Field(None, description="current curriculum stage")
     metrics: dict[str, float] = Field(default_factory=dict, description="latest value of each metric")
+    judge_flag: str | None = Field(
+        None, description="set when the reward's verdicts came from the rules where the paper used an LLM"
+    )
     checkpoints: list[Checkpoint] = Field(default_factory=list)
     error: str | None = None
     created_at: str | None = None

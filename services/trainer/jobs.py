@@ -17,8 +17,9 @@ started again, runs the same way:
    ``dr_grpo`` through TRL (for ``r2ag``: the progressive rounds of
    :mod:`hoprl.training.r2ag_rounds`), ``sft`` through TRL, ``ppo`` / ``dpo`` through
    :mod:`hoprl.training.offpolicy` (fresh rollouts, or another run's stored episodes with
-   ``episodes_from``). EVO-RAG's refusal check uses the judge service when ``TRAINER_JUDGE_URL``
-   is set, else the rules judge.
+   ``episodes_from``). EVO-RAG's refusal check and when-to-search's correctness use the judge
+   service of the request's ``judge.url`` or ``TRAINER_JUDGE_URL`` (:func:`bind_judge`), else the
+   rules judge; the job's ``judge/*`` metrics count the verdicts and the fallbacks.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from hoprl.data.corpus import pool
 from hoprl.data.sources import load
 from hoprl.evaluation import corpus_collection, ensure_indexed
 from hoprl.generation.model import resolve_model
+from hoprl.judging import JudgeLedger, RulesJudge
 from hoprl.recipes import get_recipe, reward_weights
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
@@ -138,8 +140,7 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
              run_id, request.recipe, request.objective, request.dataset, len(train), len(dev), path,
              resume, hp.model_dump())  # fmt: skip
     recipe = get_recipe(request.recipe, **hp.recipe_config)
-    if settings.judge_url and hasattr(recipe, "judge"):  # EVO-RAG's refusals, when-to-search's r_a
-        recipe.judge = RemoteJudge(settings.judge_url)
+    ledger = bind_judge(recipe, request, settings)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
     trainer = build_trainer(request, hp, recipe, model, tokenizer, train, dev, collection, settings,
@@ -148,10 +149,41 @@ def run_job(run_id: str, settings: TrainerSettings, registry: Registry) -> None:
         trainer_curricula(trainer).restore(json.loads((resume / STATE_FILE).read_text())["curriculum"])
     if resume is not None and getattr(trainer, "preference", None) is not None:
         trainer.preference.restore(resume)
-    # TRL's flow saves every save_steps and at the last step, so a finished job ends on a checkpoint.
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if ledger is not None and distributed.is_main():
+        registry.log_metrics(run_id, 0, ledger.metrics())
+    try:
+        # TRL's flow saves every save_steps and at the last step, so a finished job ends on a checkpoint.
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finally:
+        if ledger is not None and distributed.is_main():
+            registry.log_metrics(run_id, max(int(trainer.state.global_step), 1), ledger.metrics())
     if distributed.world_size() > 1:
         check_ranks_agree(trainer, registry, run_id, output_dir)
+
+
+def bind_judge(recipe: Any, request: JobRequest, settings: TrainerSettings) -> JudgeLedger | None:
+    """Give a recipe whose reward calls a judge (EVO-RAG's refusals, when-to-search's r_a) the
+    judge service of ``request.judge.url`` or ``TRAINER_JUDGE_URL``, counted by a :class:`JudgeLedger`.
+
+    Without a service the rules judge decides: when the request's ``judge`` says the paper uses an
+    LLM, every such verdict is a fallback in the job's ``judge/*`` metrics and a warning is logged.
+    A recipe without a judge, or a request with no ``judge`` and no service, is left as it is
+    (``None``).
+    """
+    if not hasattr(recipe, "judge"):
+        return None
+    spec = request.judge
+    url = (spec.url if spec else None) or settings.judge_url
+    if spec is None and url is None:
+        return None
+    expected = spec.backend if spec else "rules"
+    if url is None:
+        log.warning("the %s paper judges with an LLM (%s) but no judge service is bound "
+                    "(judge.url or TRAINER_JUDGE_URL): the rules judge decides, counted as fallbacks",
+                    request.recipe, spec.model if spec else "?")  # fmt: skip
+    ledger = JudgeLedger(RemoteJudge(url) if url else RulesJudge(), expected=expected, bound=url is not None)
+    recipe.judge = ledger
+    return ledger
 
 
 def check_ranks_agree(trainer: Any, registry: Registry, run_id: str, output_dir: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 
+from hoprl.judging import judge_flag
 from hoprl.recipes import RECIPES
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
@@ -102,7 +103,8 @@ def job_view(run: RunRow, registry: Registry) -> Job:
     return Job(
         id=run.id, status=run.status, recipe=run.recipe, objective=run.objective, model=run.model,
         step=int(metrics.get("step", 0)), steps=run.config["request"]["steps"],
-        stage=registry.current_stage(run.id), metrics=metrics, checkpoints=checkpoints, error=run.error,
+        stage=registry.current_stage(run.id), metrics=metrics, judge_flag=judge_flag(metrics),
+        checkpoints=checkpoints, error=run.error,
         created_at=run.created_at.isoformat() if run.created_at else None,
     )  # fmt: skip
 

@@ -43,7 +43,10 @@ class TrainerSettings(ServiceSettings):
     )
     runs_dir: Path = Field(Path(".hoprl/runs"), description="one folder per job: checkpoints and logs")
     retriever_url: str = Field("http://127.0.0.1:8001", description="the retriever rollouts search")
-    judge_url: str | None = Field(None, description="EVO-RAG's refusal judge service; unset = rules")
+    judge_url: str | None = Field(
+        None,
+        description="the judge service the rewards call (EVO-RAG, when-to-search); unset = rules",
+    )
     default_model: str | None = Field(None, description="HF id or folder; unset = the bundled SmolLM2-135M")
     model_cache: Path = Field(
         Path(".hoprl/models/smollm2-135m-instruct"), description="dense copy of the bundled model"

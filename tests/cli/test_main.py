@@ -123,8 +123,78 @@ def test_when_to_search_components_and_total(tmp_path: Path) -> None:
     report = json.loads(out.stdout)
     # r_f = 1 (think search reflect think answer), r_s = 0 (one concise query),
     # r_a = 1 (stage 1, correct by EM: no judge bound): r = 2
-    assert report["rewards"] == {"wts_format@2": 1.0, "wts_search@1": 0.0, "wts_answer@2": 1.0}
+    assert report["rewards"] == {"wts_format@2": 1.0, "wts_search@2": 0.0, "wts_answer@2": 1.0}
     assert report["total"] == 2.0 and report["recipe"] == "when-to-search"
+
+
+def test_printed_formula_totals(tmp_path: Path) -> None:
+    """``hoprl reward`` prints the totals of the printed equations (R2AG Eq. 5, when-to-search Eq. 8)."""
+    # R2AG, gold {A, B}; one expansion, two base branches both finding the new gold A:
+    # R_MH^b = 1 + 1 = 2, R_AP^b = (1/2)(1 + 1) = 1, R_f = 0.02: R = 0.2*2 + 0.2*1 + 0.02 = 0.62
+    a = RetrievedDoc(id="A", title="A", text="text of A")
+    text = "<think>plan</think><base-Q>q A</base-Q><base-Q>q A again</base-Q><end/>"
+    step = Step(
+        t=1,
+        action="search",
+        text=text,
+        queries=["q A", "q A again"],
+        query_kinds=["base", "base"],
+        docs=[[a], [a]],
+    )
+    r2ag = Episode(recipe="r2ag", question_id="q", question="?", gold_titles=["A", "B"], steps=[step])
+    out = hoprl("reward", str(write(tmp_path, "r.json", r2ag.model_dump())), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["total"] == pytest.approx(0.62)
+    # when-to-search: the same query twice, avg_sim = cos 1 / (N(N-1) = 2) = 0.5, r_s = -0.5;
+    # r_f = 1; correct in stage 1 (EM: no judge bound), r_a = 1: r = 1.5
+    search = Step(
+        t=1,
+        action="search",
+        text="<think>t</think>\n<search>Acme founder</search>",
+        queries=["Acme founder"],
+        information=INFO,
+    )
+    again = Step(
+        t=2,
+        action="search",
+        text="<reflect>r</reflect>\n<think>t</think>\n<search>Acme founder</search>",
+        queries=["Acme founder"],
+        information=INFO,
+    )
+    answer = Step(
+        t=3,
+        action="answer",
+        answer="Jane Roe",
+        text="<reflect>r</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>",
+    )
+    wts = Episode(
+        recipe="when-to-search",
+        question_id="q1",
+        question="Who founded Acme Records?",
+        answers=GOLD,
+        steps=[search, again, answer],
+        final_answer="Jane Roe",
+    )
+    out = hoprl("reward", str(write(tmp_path, "w2.json", wts.model_dump())), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["rewards"]["wts_search@2"] == pytest.approx(-0.5, abs=1e-4)
+    assert report["total"] == pytest.approx(1.5, abs=1e-4)
+
+
+def test_judge_url_counts_who_decided(tmp_path: Path) -> None:
+    """``--judge-url``: the reward asks the judge service; one that does not answer is a counted
+    fallback (the rules decide), printed under ``judge``."""
+    search = "<think>t</think>\n<search>Acme founder</search>"
+    answer = "<reflect>It names her.</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>"
+    ep = search_then_answer("when-to-search", search, "Jane Roe", answer)
+    path = write(tmp_path, "j.json", ep.model_dump())
+    out = hoprl("reward", "--judge-url", "http://127.0.0.1:9", str(path), cwd=tmp_path)  # nothing listens
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    # the rules judge: "Jane Roe" is the reference, r_a = 1; r_s = 0, r_f = 1: r = 2
+    assert report["total"] == 2.0
+    assert report["judge"]["judge/calls"] == 1 and report["judge"]["judge/fallbacks"] == 1
 
 
 def test_evo_rag_prints_each_steps_signals(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ def run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             "recall@2": 0.25, "recall@5": 0.5, "full_recall@5": 0.25, "map@10": 0.3125,
             "latency_p50_s": 1.234, "latency_p99_s": 2.5, "retrieval_s": 0.05, "generation_s": 1.125,
             "agent_k": 2.5, "agent_recall": 0.75, "agent_full_recall": 0.5, "agent_map": 0.625,
+            "judge_llm_share": 0.5 if label == "final" else 1.0,
         }  # fmt: skip
         predictions = [
             Prediction(question_id=f"q{i}", prediction="x", refused=False, em=em, f1=em,
@@ -67,6 +68,18 @@ def test_report_tables_are_narrow(run_id: str) -> None:
     # final vs baseline: EM 0.75 vs 0 on the same 4 questions, a difference of +0.750
     (final,) = [c for c in cells if c[0] == "final" and c[1].startswith("+")]
     assert final[1] == "+0.750" and final[2].startswith("[")
+    # half of final's judge verdicts came from the rules: one warning, for final only
+    assert text.count("**Warning:**") == 1 and "`final`: 50% of the judge column's verdicts" in text
+
+
+def test_report_flags_rules_verdicts_where_the_paper_used_an_llm(run_id: str) -> None:
+    """A segment's judge counts (copied to the run as ``train/judge/*``) put a warning in the report."""
+    assert "## Judge" not in markdown_table(run_id)
+    counts = {"judge/llm_expected": 1.0, "judge/service_bound": 1.0, "judge/calls": 8.0,
+              "judge/llm_calls": 5.0, "judge/fallbacks": 3.0}  # fmt: skip
+    registry().log_metrics(run_id, 4, {f"train/{k}": v for k, v in counts.items()})
+    text = markdown_table(run_id)
+    assert "## Judge" in text and "3 of 8 verdicts came from the rules judge" in text
 
 
 def test_accuracy_plot_labels_never_overlap() -> None:

@@ -6,7 +6,7 @@ The recipe in four parts, one module each:
 - :mod:`~hoprl.recipes.r2ag.protocol`: the prompt, the expansion parser (``<think>``,
   ``<base-Q>``, ``<predicted-Q>``; the stop is ``<base-Q>stop retrieval</base-Q>``), the
   injected top-1 documents and the scripted expert;
-- :mod:`~hoprl.recipes.r2ag.reward`: the Top-Survivor reward (Eq. 5, App. G);
+- :mod:`~hoprl.recipes.r2ag.reward`: the Top-Survivor reward (Eq. 5, App. B.2);
 - :mod:`~hoprl.recipes.r2ag.forest`: the retrieval forest of progressive iterative training
   (grow one level per round, every sample's pruned tree propagates), which
   :mod:`hoprl.training.r2ag_rounds` drives.

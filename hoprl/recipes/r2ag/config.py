@@ -1,6 +1,6 @@
 """R2AG's constants and config: the Top-Survivor weights, cut-offs and the readings it offers.
 
-Every default is the paper's (Eq. 5 and Appendix G). Where the project once read an ambiguous
+Every default is the paper's (Eq. 5 and Appendix B.2). Where the project once read an ambiguous
 line differently, that reading stays available as a named option, documented on its field with
 the line it rests on; the default is always the paper as printed.
 """
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 #: the per-step signals :func:`~hoprl.recipes.r2ag.reward.score_episode` writes
 SIGNALS = ("r_mh", "r_jh", "r_ap", "r_f")
 #: recorded with every score; bumped when the reward's definition changes
-SCORE_VERSION = "r2ag@2"
+SCORE_VERSION = "r2ag@3"
 #: tree levels of progressive iterative training (the paper's L_MAX)
 L_MAX = 5
 #: the protocol's tags, and the branch kind each sub-query tag opens
@@ -35,13 +35,20 @@ class R2agConfig(BaseModel):
     t_base: int = Field(default=4, ge=1, description="R_AP^b ranks the first t base branches")
     t_pred: int = Field(default=2, ge=1, description="R_AP^p ranks the first t predicted branches")
     format_bonus: float = Field(default=0.01, ge=0, description="R_f per sub-query segment after a <think>")
-    format_cap: float = Field(default=0.02, ge=0, description="w R_f is capped at this (App. G)")
+    format_cap: float = Field(default=0.02, ge=0, description="w R_f is capped at this (App. B.2)")
     l_max: int = Field(default=L_MAX, ge=1, description="tree levels in progressive training (L_MAX)")
     forest_width: int | None = Field(
         default=None,
         ge=1,
         description="at most this many growing trees per question between rounds (most gold first); "
         "None = every sample's pruned tree propagates, as the paper",
+    )
+    branches: Literal["sum", "distinct"] = Field(
+        default="sum",
+        description="'sum' (Eq. 5 as printed: R_MH^* sums 1{r_u in g, r_u not in r_prior} over the "
+        "x_* branches of a type and R_AP^*'s indicators 1{r_z in g} count every branch, so two branches "
+        "that find the same new gold document count twice); 'distinct' counts each document once per "
+        "type and step, the project's earlier reading",
     )
     multi_hit: Literal["count", "fraction"] = Field(
         default="count",

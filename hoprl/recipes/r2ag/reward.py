@@ -1,4 +1,4 @@
-"""R2AG's Top-Survivor reward (the paper's Eq. 5 and Appendix G), one expansion per step.
+"""R2AG's Top-Survivor reward (the paper's Eq. 5 and Appendix B.2), one expansion per step.
 
 ``R = a R_MH + b R_JH + g R_AP + w R_f``, with the paper's defaults a=0.2, b=0.3, g=0.2, w=1.
 
@@ -6,29 +6,32 @@ Each sub-query of an expansion is a *branch*; the retriever returns its top-1 do
 are of two types, base (``<base-Q>``) and predicted (``<predicted-Q>``), each ranked in emission
 order. Per step:
 
-R_MH  Multi-Hit@Top-1: ``R_MH^b + l R_MH^p``; each term is a raw count of the gold documents
-      among that type's top-1 results that were not retrieved in earlier steps (for a tree
-      expansion: not already in the tree). A document counts once per type however many branches
-      of that type hit it; one found by a base and a predicted branch of the same step counts in
-      both terms, since the paper counts each type separately.
+R_MH  Multi-Hit@Top-1: ``R_MH^b + l R_MH^p`` with ``R_MH^* = sum_{u=1}^{x_*} 1{r_u in g, r_u not
+      in r_prior}`` (Eq. 5): a count over that type's branches of top-1 results that are gold and
+      were not retrieved in earlier steps (for a tree expansion: not already in the tree). Two
+      branches of one type that find the same new gold document count twice, as the sum prints it;
+      one found by a base and a predicted branch of the same step counts in both terms.
+      ``branches="distinct"`` counts each document once per type (the earlier reading).
 R_JH  Joint-Hit@Top-1: 1 on the stop step when every gold document has been retrieved.
 R_AP  ``R_AP^b + R_AP^p``, each ``(1/|g|) sum_{u<=t} P@u 1{r_u in g}`` over that type's first t
-      branches (t = 4 base, 2 predicted), ``g`` the question's gold set and ``P@u`` the share of
-      relevant branches among the first u. A document repeated lower in the same ranking is not
-      relevant again: AP over a ranking counts each relevant document once, which is what keeps
-      ``(1/|g|) sum`` within [0, 1] (four branches re-finding A would otherwise score 2.0 with
-      |g| = 2).
+      branches (t = 4 base, 2 predicted; App. B.2), ``g`` the question's gold set and
+      ``P@u = (1/u) sum_{z<=u} 1{r_z in g}``. Every branch whose top-1 document is gold is
+      relevant, repeats included (Eq. 5 as printed), so R_AP^* can exceed 1: four base branches
+      re-finding A with |g| = 2 score (1/2)(1+1+1+1) = 2. ``branches="distinct"`` makes a
+      document repeated lower in the same ranking not relevant again (the earlier reading).
 R_f   format: ``format_bonus`` (0.01) per ``<base-Q>`` / ``<predicted-Q>`` segment that comes after
       a closed ``<think>``; ``<think>`` itself earns nothing, and ``w R_f`` over the episode is
-      capped at ``format_cap`` (0.02).
+      capped at ``format_cap`` (0.02) (App. B.2).
 
 The **total** reward is 0 if any step lacks a closed ``<think>`` or if the policy stops before
-every gold document is found (the paper: "the total reward is set to zero"): every signal of
+every gold document is found (App. B.2: "the total reward is set to zero"): every signal of
 every step is then 0, and ``meta["r2ag"]`` keeps the reason and the sums before zeroing.
 
 Worked example (gold {A, B}; one expansion ``<think>``, base->A, base->X, predicted->B):
 R_MH = 1 + 1.25*1, R_AP = (1/2)(P@1*1 + P@2*0) + (1/2)(P@1*1) = 0.5 + 0.5,
 R_f = 3 segments * 0.01 capped at 0.02; R = 0.2*2.25 + 0.2*1.0 + 0.02 = 0.67.
+Two base branches both finding the new gold A (gold {A, B}): R_MH = 2, R_AP = (1/2)(1 + 1) = 1,
+R = 0.2*2 + 0.2*1 + 0.02 = 0.62 (``branches="distinct"``: 0.2*1 + 0.2*0.5 + 0.02 = 0.32).
 """
 
 from __future__ import annotations
@@ -86,12 +89,20 @@ def type_ap(
     seen: set[str] = set()
     relevant = []
     for title in hits[:cutoff]:
-        rel = title is not None and title not in seen and (cfg.ap_relevant == "gold" or title not in found)
+        repeat = cfg.branches == "distinct" and title in seen
+        rel = title is not None and not repeat and (cfg.ap_relevant == "gold" or title not in found)
         relevant.append(rel)
         if title is not None:
             seen.add(title)
     denominator = len(gold) if cfg.ap_norm == "gold" else min(cutoff, len(gold - found))
     return average_precision(relevant, denominator)
+
+
+def multi_hit(hits: Sequence[str | None], found: set[str], cfg: R2agConfig) -> float:
+    """R_MH^b or R_MH^p of one step: branches whose top-1 document is gold and not in ``found``
+    (Eq. 5's sum over the type's branches); ``branches="distinct"`` counts each document once."""
+    new = [h for h in hits if h is not None and h not in found]
+    return float(len(set(new)) if cfg.branches == "distinct" else len(new))
 
 
 def format_segments(text: str) -> tuple[int, bool]:
@@ -126,7 +137,7 @@ def score_episode(episode: Episode, config: R2agConfig | None = None) -> Episode
         think_missing |= not has_think
         if step.action == "search":
             hits = {kind: branches(step, kind, gold) for kind in KINDS}
-            part["mh_base"], part["mh_pred"] = (float(len({h for h in hits[k] if h} - found)) for k in KINDS)
+            part["mh_base"], part["mh_pred"] = (multi_hit(hits[k], found, cfg) for k in KINDS)
             part["ap_base"] = type_ap(hits["base"], cfg.t_base, gold, found, cfg)
             part["ap_pred"] = type_ap(hits["predicted"], cfg.t_pred, gold, found, cfg)
             mh = part["mh_base"] + cfg.l * part["mh_pred"]
@@ -150,6 +161,7 @@ def score_episode(episode: Episode, config: R2agConfig | None = None) -> Episode
             step.signals = dict.fromkeys(SIGNALS, 0.0)
     scored.meta["r2ag"] = {
         "version": SCORE_VERSION,
+        "config": cfg.model_dump(mode="json"),
         "found": sorted(found),
         "zeroed": zeroed,
         "before_zeroing": before,
@@ -173,18 +185,20 @@ def episode_step_rewards(episode: Episode, config: R2agConfig | None = None) -> 
 def make_reward_funcs(config: R2agConfig) -> list[RewardFunc]:
     """The Top-Survivor total first, then one logging reward per signal.
 
-    Unscored episodes are scored in place on first use (scoring is deterministic and cheap).
+    Unscored episodes (or ones scored by another version or config) are scored in place on first
+    use (scoring is deterministic and cheap).
     """
 
     def scored(ep: Episode) -> Episode:
-        if ep.meta.get("r2ag", {}).get("version") != SCORE_VERSION:
+        meta = ep.meta.get("r2ag", {})
+        if meta.get("version") != SCORE_VERSION or meta.get("config") != config.model_dump(mode="json"):
             done = score_episode(ep, config)
             ep.steps, ep.meta = done.steps, done.meta
         return ep
 
-    total = versioned("r2ag_total@2")(episode_reward(lambda ep: episode_return(scored(ep), config)))
+    total = versioned("r2ag_total@3")(episode_reward(lambda ep: episode_return(scored(ep), config)))
     return [total, *(_signal_reward(name, scored) for name in SIGNALS)]
 
 
 def _signal_reward(name: str, scored: Callable[[Episode], Episode]) -> RewardFunc:
-    return versioned(f"r2ag_{name}@2")(episode_reward(lambda ep: signal_total(scored(ep), name)))
+    return versioned(f"r2ag_{name}@3")(episode_reward(lambda ep: signal_total(scored(ep), name)))

@@ -30,6 +30,8 @@ class Prompt:
 ANSWER_PROMPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "answer_equivalence@1": (("yes",), ("no",)),
     "answer_validation@1": (("correct",), ("wrong", "incorrect")),
+    # ARENA's LLM-as-a-Judge prompt (App. C.3, Table 8), for its LJ metric with GPT-4o at temperature 0
+    "arena_lj@1": (("yes",), ("no",)),
 }
 ANSWERABLE_PROMPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "answerable@1": (("yes",), ("no",)),

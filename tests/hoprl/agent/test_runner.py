@@ -90,13 +90,14 @@ def test_format_error_can_continue(url: str) -> None:
 
 
 def test_eval_rar_injects_the_retry_message_and_goes_on(url: str) -> None:
-    """Eval-RAR (Search-R1's loop): an invalid action gets the retry message as the next user turn."""
+    """Eval-RAR (Algorithm 1): an invalid action gets the retry message as the next user turn."""
     from hoprl.agent.tokens import episode_messages
-    from hoprl.recipes.eval_rar import RETRY_MESSAGE, EvalRAR
+    from hoprl.recipes.eval_rar import RETRY_MESSAGE, SEARCH_R1_RETRY_MESSAGE, EvalRAR
 
     ep, app = episode(url, ["I think it is Jane.", SEARCH, ANSWER], recipe=EvalRAR())
     assert ep.outcome == "answer" and [s.action for s in ep.steps] == ["format_error", "search", "answer"]
-    assert ep.steps[0].information == RETRY_MESSAGE and "invalid" in RETRY_MESSAGE
+    # Algorithm 1, line 22: y <- y + "My action is wrong. Let me try again."
+    assert ep.steps[0].information == RETRY_MESSAGE == "My action is wrong. Let me try again."
     second = app.state.requests[1]["messages"]
     assert second[-2:] == [
         {"role": "assistant", "content": "I think it is Jane."},
@@ -106,6 +107,8 @@ def test_eval_rar_injects_the_retry_message_and_goes_on(url: str) -> None:
     assert {"role": "user", "content": RETRY_MESSAGE} in episode_messages(ep)
     ended, _ = episode(url, ["I think it is Jane.", ANSWER], recipe=EvalRAR(retry_invalid=False))
     assert ended.outcome == "format_error" and len(ended.steps) == 1
+    old, _ = episode(url, ["I think it is Jane.", ANSWER], recipe=EvalRAR(retry_text="search-r1"))
+    assert old.steps[0].information == SEARCH_R1_RETRY_MESSAGE and "invalid" in SEARCH_R1_RETRY_MESSAGE
 
 
 def test_step_cap(url: str) -> None:

@@ -52,7 +52,8 @@ def test_arena_rewards(text: str, fmt: int, acc: int, rel: float) -> None:
 def test_names_versions_and_paragraph_dicts() -> None:
     funcs = Arena().reward_funcs()
     assert [f.__name__ for f in funcs] == ["arena_format", "arena_accuracy", "arena_relevance", "arena_bonus"]
-    assert all(f.__version__.endswith("@1") for f in funcs)  # type: ignore[attr-defined]
+    versions = [f.__version__ for f in funcs]  # type: ignore[attr-defined]
+    assert versions == ["arena_format@1", "arena_accuracy@2", "arena_relevance@1", "arena_bonus@1"]
     dicts = [p.model_dump() for p in PARAGRAPHS]  # the dataset column as JSON rows
     assert make_arena_reward()([""], [out("[2,4]")], answers=[GOLD], paragraphs=[dicts]) == [13.0]
 

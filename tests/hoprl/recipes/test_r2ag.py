@@ -1,9 +1,9 @@
-"""R2AG: the Top-Survivor reward recomputed by hand from Eq. 5 / App. G, the protocol, the forest.
+"""R2AG: the Top-Survivor reward recomputed by hand from Eq. 5 / App. B.2, the protocol, the forest.
 
 Every expected number below is derived in the comments from the paper's formulas (DESIGN.md §1):
 
     R     = a R_MH + b R_JH + g R_AP + w R_f            a=0.2, b=0.3, g=0.2, w=1, l=1.25
-    R_MH  = R_MH^b + l R_MH^p   raw counts of gold top-1 documents new to the episode, per type
+    R_MH  = R_MH^b + l R_MH^p   per type, the branches whose top-1 document is gold and new
     R_AP  = R_AP^b + R_AP^p     each (1/|g|) sum_{u<=t} P@u 1{r_u in g}, t = 4 base / 2 predicted
     R_JH  = 1 on a stop when every gold document has been retrieved
     R_f   = 0.01 per <base-Q>/<predicted-Q> segment after a <think>; w R_f <= 0.02
@@ -140,11 +140,19 @@ CASES: list[tuple[str, Episode, R2agConfig, dict[str, float]]] = [
         {"r_mh": 0.0, "r_jh": 0.0, "r_ap": 0.0, "r_f": 0.0, "R": 0.0},
     ),
     (
-        # base->A twice: R_MH^b counts the document once = 1; R_AP^b = (1/2)(P@1*1 + P@2*0) = 0.5
-        # (the repeat is not relevant again); R_f = 0.02. R = 0.2 + 0.1 + 0.02.
+        # base->A twice (Eq. 5 sums over branches): R_MH^b = 1{A new} + 1{A new} = 2;
+        # R_AP^b = (1/2)(P@1*1 + P@2*1) = (1/2)(1 + 1) = 1; R_f = 0.02. R = 0.4 + 0.2 + 0.02.
         "duplicate gold in one step",
         ep(expansion(1, ("base", "A"), ("base", "A"))),
         R2agConfig(),
+        {"r_mh": 2.0, "r_jh": 0.0, "r_ap": 1.0, "r_f": 0.02, "R": 0.62},
+    ),
+    (
+        # the earlier reading: A counts once, R_MH^b = 1; the repeat is not relevant again,
+        # R_AP^b = (1/2)(1*1 + 1/2*0) = 0.5. R = 0.2 + 0.1 + 0.02
+        "option: distinct documents",
+        ep(expansion(1, ("base", "A"), ("base", "A"))),
+        R2agConfig(branches="distinct"),
         {"r_mh": 1.0, "r_jh": 0.0, "r_ap": 0.5, "r_f": 0.02, "R": 0.32},
     ),
     (
@@ -292,12 +300,12 @@ def test_average_precision_by_hand() -> None:
 
 def test_reward_funcs_versions_and_values() -> None:
     funcs = R2ag().reward_funcs()
-    assert [getattr(f, "__version__", None) for f in funcs] == ["r2ag_total@2"] + [
-        f"r2ag_{s}@2" for s in SIGNALS
+    assert [getattr(f, "__version__", None) for f in funcs] == ["r2ag_total@3"] + [
+        f"r2ag_{s}@3" for s in SIGNALS
     ]
     episodes = [ep(expansion(1, ("base", "A"), ("base", "B")), stop(2))]
     assert funcs[0](["p"], ["c"], episodes=episodes) == [pytest.approx(0.92)]
-    assert episodes[0].meta["r2ag"]["version"] == "r2ag@2"
+    assert episodes[0].meta["r2ag"]["version"] == "r2ag@3"
     assert funcs[2](["p"], ["c"], episodes=episodes) == [1.0]  # r_jh
 
 

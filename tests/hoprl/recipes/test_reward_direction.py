@@ -349,9 +349,11 @@ ROWS = [
     row("r2ag", "premature stop", "==", "stop without any search"),
     # l = 1.25 rewards a predicted branch that hits: R_MH = 1 + 1.25, R_AP = 0.5 + 0.5: 0.97 vs 0.92.
     row("r2ag", "hop 2 found by a predicted branch", ">", "ideal"),
-    # A repeated branch in one expansion: R_MH counts A once (2), R_AP^b over [A, A, B] is
-    # (1/2)(1/1 + 0 + 2/3) = 0.833: 0.4 + 0.167 + 0.02 + 0.3 = 0.887 < 0.92 (precision falls).
-    row("r2ag", "ideal", ">", "duplicate branch in one expansion"),
+    # FINDING. A repeated branch in one expansion: Eq. 5 sums over branches, so R_MH^b over
+    # [A, A, B] is 3 and R_AP^b = (1/2)(1/1 + 2/2 + 3/3) = 1.5 (every branch is gold):
+    # 0.6 + 0.3 + 0.02 + 0.3 = 1.22 > 0.92. The option branches="distinct" (A once: R_MH 2,
+    # R_AP^b = (1/2)(1 + 0 + 2/3) = 0.833, R = 0.887 < 0.92) keeps the paper's stated intent.
+    row("r2ag", "ideal", ">", "duplicate branch in one expansion", FINDING),
     # The paper's training scores each expansion against the tree it grows (found_titles): once
     # the tree holds all gold, stopping (R_JH 0.3 + R_f 0.02 = 0.32) beats re-searching hop 1
     # (R_MH 0, R_AP^b = (1/2)(1) = 0.5: 0.1 + R_f 0.01 = 0.11).

@@ -55,10 +55,12 @@ def rewards(recipe: WhenToSearch, ep: Episode) -> list[float | None]:
 
 
 def cosine_penalty(queries: list[str]) -> float:
-    """-(average pairwise cosine), from the embedder's vectors, pair by pair."""
+    """-avg_sim of Eq. 8: the cosines of the pairs i < j (the embedder's unit vectors, pair by
+    pair) summed and divided by N(N-1)."""
     vectors = get_embedder().encode(queries)
     sims = [float(np.dot(vectors[i], vectors[j])) for i, j in itertools.combinations(range(len(queries)), 2)]
-    return -sum(sims) / len(sims)
+    n = len(queries)
+    return -sum(sims) / (n * (n - 1))
 
 
 # (stage, RC, correct, r_a by hand with b = 0.3)
@@ -113,9 +115,12 @@ def test_single_query_search_reward(query: str, concise: bool) -> None:
         assert rewards(WhenToSearch(), episode([query], "Jane Roe"))[1] == (0.0 if concise else -1.0)
 
 
-def test_repeated_identical_queries_cost_almost_one() -> None:
+def test_repeated_identical_queries_cost_one_half() -> None:
+    # Eq. 8: N = 2, one pair with cosine 1: avg_sim = 1 / (2 * 1) = 0.5, r_s = -0.5 (Eq. 9);
+    # the "pairs" reading divides by the one pair: -1
     ep = episode(["Acme founder", "Acme founder"], "Jane Roe")
-    assert rewards(WhenToSearch(), ep)[1] == pytest.approx(-1.0, abs=1e-4)
+    assert rewards(WhenToSearch(), ep)[1] == pytest.approx(-0.5, abs=1e-4)
+    assert rewards(WhenToSearch(avg_sim="pairs"), ep)[1] == pytest.approx(-1.0, abs=1e-4)
 
 
 @pytest.mark.parametrize(

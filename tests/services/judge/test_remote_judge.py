@@ -100,7 +100,10 @@ def test_prompts_ship_as_package_data() -> None:
     for version in ANSWER_PROMPTS | ANSWERABLE_PROMPTS:
         assert folder.joinpath(f"{version}.txt").is_file()
         prompt = load_prompt(version)
-        assert "{question}" in prompt.template and "{references}" in prompt.template
+        assert "{references}" in prompt.template
+        assert ("{prediction}" in prompt.template) == (version in ANSWER_PROMPTS)
+        # ARENA's prompt (App. C.3, Table 8) shows the judge the answers only, not the question
+        assert ("{question}" in prompt.template) == (version != "arena_lj@1")
     with pytest.raises(ValueError, match="known"):
         load_prompt("answer_equivalence@9")
 
