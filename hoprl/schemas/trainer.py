@@ -246,6 +246,11 @@ class Hyperparameters(BaseModel):
         "policy; default: separate",
     )
     critic_learning_rate: float | None = Field(None, gt=0, description="PPO: the critic's (default 1e-5)")
+    critic_model: str | None = Field(
+        None,
+        description="PPO, separate critic: the critic's own model (EVO-RAG App. C Table 10: "
+        "Qwen/Qwen2.5-0.5B-Instruct, configs/evo-rag.yaml); unset: a copy of the policy's body",
+    )
     preference_model: bool | None = Field(
         None, description="EVO-RAG: train the 7-head preference model every step (default on for evo-rag)"
     )

@@ -119,13 +119,16 @@ class OffPolicyTrainer:
             self.ppo = PPOConfig(
                 learning_rate=lr,
                 critic=hp.critic or "separate",
+                critic_model=hp.critic_model,
                 critic_learning_rate=hp.critic_learning_rate or 1e-5,
                 kl_coef=hp.beta or 0.0,
                 temperature=hp.temperature,
                 batch_size=hp.questions_per_step * hp.num_generations,
                 seed=request.seed,
             )
-            self.value_head = make_critic(model, self.ppo.critic)  # a ValueModel or a ValueHead
+            # a ValueModel (its own network: critic_model's, else a copy of the policy's) or a ValueHead
+            self.value_head = make_critic(model, self.ppo.critic, self.ppo.critic_model, tokenizer)
+            self.value_head.to(next(model.parameters()).device)
         else:
             self.dpo = DPOJobConfig(
                 delta=hp.pair_delta,
