@@ -53,9 +53,10 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
         "epsilon_high": 0.28,
         "dynamic_sampling": True,
     },
-    # issue 19: GRPO is the job EVO-RAG defaults to, normalising step rewards per step index; the
-    # 7-head preference model trains in the loop (Algorithm 1). max_turns / token_budget follow T_max.
-    "evo-rag": {"objective": "grpo", "advantage": "per_step", "preference_model": True},
+    # issue 19: GRPO is the job EVO-RAG defaults to; its advantages are normalised over sibling
+    # candidates at a step (§3.4, App. A.5; one episode per prompt, App. C Table 10: siblings.py);
+    # the 7-head preference model trains in the loop (Algorithm 1). max_turns / token_budget follow T_max.
+    "evo-rag": {"objective": "grpo", "advantage": "siblings", "preference_model": True},
     # Search-R1's released GRPO reproduction script (docs/papers.md): 5 responses per prompt,
     # KL 0.001 with verl's low_var_kl (the k3 estimator, clamped), clip 0.2, temperature 1, at most
     # 4 turns, top-3 passages (SearchR1Config.top_k)
@@ -234,11 +235,13 @@ class Hyperparameters(BaseModel):
         "seed and the step, plus the sample's index), so the same weights give the same episodes on every "
         "run; seeded calls decode one at a time, so rollouts are slower",
     )
-    advantage: Literal["sequence", "per_step"] | None = Field(
+    advantage: Literal["sequence", "per_step", "siblings"] | None = Field(
         None,
-        description="GRPO family: one advantage per episode from its total reward (sequence), or EVO-RAG's "
-        "per-step group normalisation of step rewards (per_step); default: per_step for evo-rag, else "
-        "sequence",
+        description="GRPO family: one advantage per episode from its total reward (sequence); EVO-RAG's "
+        "step rewards normalised over the num_generations sibling candidates sampled from the same state "
+        "(siblings: §3.4, App. A.5; one episode per question, the project's own loop, one process); or "
+        "per step index across num_generations independent episodes (per_step, TRL's trainer); default: "
+        "siblings for evo-rag, else sequence",
     )
     critic: Literal["separate", "shared"] | None = Field(
         None,

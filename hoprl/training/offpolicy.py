@@ -1,6 +1,10 @@
-"""PPO and DPO jobs: EVO-RAG's other two objectives, on the rollouts GRPO trains on.
+"""PPO and DPO jobs: EVO-RAG's other two objectives, on the rollouts GRPO trains on; and
+EVO-RAG's GRPO over sibling candidates.
 
-:class:`OffPolicyTrainer` is the job loop for ``objective: "ppo"`` and ``"dpo"``. Each step:
+:class:`OffPolicyTrainer` is the job loop for ``objective: "ppo"`` and ``"dpo"``, and for the
+GRPO family with ``advantage: "siblings"`` (:mod:`hoprl.training.siblings`: one episode per
+question with ``num_generations`` candidates at every step, rows and advantages per sibling
+group, one clipped-loss step; no ``episodes_from``, the siblings are sampled live). Each step:
 
 1. **episodes**: either fresh rollouts, collected exactly as the GRPO path collects them
    (:meth:`AgentRollout.collect <hoprl.training.rollout.AgentRollout.collect>`: the recipe's
@@ -49,11 +53,14 @@ from transformers import set_seed
 from trl.trainer.utils import disable_dropout_in_model
 
 from hoprl.agent.trajectory import Episode
+from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.generation.chat import EngineChat
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
 from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer
+from hoprl.training.policy_loss import clipped_loss
 from hoprl.training.ppo import (
     PPOConfig,
     PPOSample,
@@ -70,7 +77,9 @@ from hoprl.training.rollout import (
     TrainingEngine,
     episode_stats,
     generation_mode,
+    score,
 )
+from hoprl.training.siblings import run_sibling_episodes, sibling_rows
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -96,8 +105,12 @@ class OffPolicyTrainer:
         run_id: str,
         output_dir: str,
     ) -> None:
-        if objective not in ("ppo", "dpo"):
-            raise ValueError(f"objective must be 'ppo' or 'dpo', got {objective!r}")
+        # EVO-RAG's GRPO over sibling candidates (siblings.py) is this loop too
+        self.siblings = objective in ("grpo", "dapo", "dr_grpo") and hp.advantage == "siblings"
+        if objective not in ("ppo", "dpo") and not self.siblings:
+            raise ValueError(f"objective must be 'ppo' or 'dpo' (or GRPO with siblings), got {objective!r}")
+        if self.siblings and hp.beta:
+            raise ValueError("sibling GRPO has no KL term (EVO-RAG App. C Table 10: KL coef 0.0); set beta 0")
         if recipe.name not in STEP_REWARD_RECIPES:
             raise ValueError(
                 f"{objective} needs step rewards, which recipe {recipe.name!r} does not define; "
@@ -114,7 +127,9 @@ class OffPolicyTrainer:
         needs_ref = objective == "dpo" or bool(hp.beta)
         self.ref: Any = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref else None
         lr = hp.learning_rate or (1e-5 if objective == "ppo" else 1e-6)
-        if objective == "ppo":
+        if self.siblings:
+            disable_dropout_in_model(model)
+        elif objective == "ppo":
             disable_dropout_in_model(model)
             self.ppo = PPOConfig(
                 learning_rate=lr,
@@ -129,7 +144,7 @@ class OffPolicyTrainer:
             # a ValueModel (its own network: critic_model's, else a copy of the policy's) or a ValueHead
             self.value_head = make_critic(model, self.ppo.critic, self.ppo.critic_model, tokenizer)
             self.value_head.to(next(model.parameters()).device)
-        else:
+        elif objective == "dpo":
             self.dpo = DPOJobConfig(
                 delta=hp.pair_delta,
                 beta=hp.beta or 0.1,
@@ -189,6 +204,8 @@ class OffPolicyTrainer:
             return episodes, {"reward": mean([float(r["total"]) for _, r in rows if "total" in r])}
         rng = random.Random(f"{self.request.seed}:{step}")  # the same draw when a resumed job replays it
         groups = rng.sample(self.train_questions, self.hp.questions_per_step)
+        if self.siblings:
+            return self.sibling_episodes(step, groups, began)
         if self.hp.rollout_seed:  # each episode samples from this seed plus its index (run_episode)
             self.rollout.opts.episode["seed"] = rng.randrange(2**31)
         weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
@@ -202,8 +219,47 @@ class OffPolicyTrainer:
         stats = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
         return episodes, stats | episode_stats(episodes)
 
+    def sibling_episodes(self, step: int, groups: list[Question], began: float) -> tuple[list[Episode], dict[str, float]]:  # fmt: skip # noqa: E501
+        """One episode per question with its siblings at every step (EVO-RAG Table 10: n = 1)."""
+        engine = self.rollout.engine
+        assert engine is not None
+        opts = self.rollout.opts
+
+        async def run() -> list[Episode]:
+            retriever = AsyncRetrieverClient(opts.retriever_url)
+            try:
+                return await run_sibling_episodes(self.recipe, groups, EngineChat(engine), retriever,
+                                                  opts.collection, k=opts.num_generations,
+                                                  concurrency=opts.concurrency, **opts.episode)  # fmt: skip
+            finally:
+                await retriever.aclose()
+
+        with generation_mode(self.model, opts.torch_threads):
+            episodes = asyncio.run(run())
+        weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
+        per, totals = score(self.rollout.reward_funcs, weights, episodes, groups)
+        self.registry.write_episodes(
+            self.run_id, step, episodes, [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
+        )
+        stats = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
+        return episodes, stats | episode_stats(episodes)
+
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         self.model.train()
+        if self.siblings:
+            rows, advantages, counts = sibling_rows(episodes, self.recipe, self.tokenizer)
+            if not rows:
+                return counts
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            eps = self.hp.epsilon or 0.2
+            loss = clipped_loss(self.model, rows, advantages, pad, temperature=self.hp.temperature,
+                                eps_low=eps, eps_high=self.hp.epsilon_high or eps, loss_type=self.objective,
+                                max_tokens=self.hp.max_new_tokens_per_step)  # fmt: skip
+            self.optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            return counts | {"loss": float(loss.item())}
         if self.objective == "ppo":
             # A step with no text has no token to carry its reward (e.g. an immediate end-of-text).
             usable = [e for e in episodes if e.steps and all(s.text for s in e.steps)]

@@ -67,9 +67,15 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     # ARENA: GRPO with the stabilised k2 KL
     ("arena", None, "objective", "grpo", f"{DESIGN}: GRPO with the paper's stabilised KL"),
     ("arena", None, "kl_estimator", "k2", f"{DESIGN}: k2 = 1/2 (log pi/pi_ref)^2 in place of k3"),
-    # EVO-RAG: GRPO by default with per-step normalisation, the preference model, T_max 20
+    # EVO-RAG: GRPO by default normalised over sibling candidates, the preference model, T_max 20
     ("evo-rag", None, "objective", "grpo", f"{ISSUE} (EVO-RAG): 'the GRPO job that EVO-RAG defaults to'"),
-    ("evo-rag", None, "advantage", "per_step", f"{ISSUE} (EVO-RAG): per-step group normalisation"),
+    (
+        "evo-rag",
+        None,
+        "advantage",
+        "siblings",
+        "EVO-RAG §3.4, App. A.5: normalised across sibling candidates",
+    ),
     ("evo-rag", None, "preference_model", True, f"{ISSUE} (EVO-RAG): the 7-head model, Algorithm 1"),
     ("evo-rag", None, "max_turns", 20, f"{ISSUE} (EVO-RAG); {DESIGN}: episode cap T_max=20"),
     ("evo-rag", None, "t_max", 20, f"{DESIGN}: T_max=20"),
