@@ -140,7 +140,7 @@ def sibling_advantages(rewards: Sequence[float]) -> list[float] | None:
     """``(r - mean) / (std + 1e-6)`` over one step's siblings (sample std); None when flat.
 
     >>> [round(a, 6) for a in sibling_advantages([2.0, 0.0, 1.0])]  # mean 1, sample std 1
-    [1.0, -1.0, 0.0]
+    [0.999999, -0.999999, 0.0]
     """
     return group_advantages(rewards, eps=VERL_EPS)
 
