@@ -159,6 +159,7 @@ class OffPolicyTrainer:
             else torch.optim.AdamW(model.parameters(), lr=lr)
         )
         self.preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1
+        self.branches: list[Episode] = []  # the last sibling step's scored branches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -182,8 +183,8 @@ class OffPolicyTrainer:
             began = time.perf_counter()
             episodes, timings = self.episodes(step)
             metrics = self.update(episodes) | timings
-            if self.preference is not None:
-                metrics |= self.preference.step(episodes)
+            if self.preference is not None:  # sibling GRPO: its candidates are the preference siblings
+                metrics |= self.preference.step(self.branches if self.siblings else episodes)
             metrics |= {"step_time": time.perf_counter() - began, "step": float(step)}
             self.registry.log_metrics(self.run_id, step, metrics)
             shown = {
@@ -247,7 +248,7 @@ class OffPolicyTrainer:
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         self.model.train()
         if self.siblings:
-            rows, advantages, counts = sibling_rows(episodes, self.recipe, self.tokenizer)
+            rows, advantages, counts, self.branches = sibling_rows(episodes, self.recipe, self.tokenizer)
             if not rows:
                 return counts
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -154,14 +154,17 @@ def candidate_trajectory(branch_episode: Episode, tokenizer: Any) -> TokenTrajec
     return trajectory.model_copy(update={"mask": [0] * last + mask[last:]})
 
 
-def sibling_rows(episodes: Sequence[Episode], recipe: Any, tokenizer: Any) -> tuple[list[TokenTrajectory], list[float], dict[str, float]]:  # fmt: skip # noqa: E501
-    """Every candidate of every step with spread: its row and advantage, and the batch's counts."""
+def sibling_rows(episodes: Sequence[Episode], recipe: Any, tokenizer: Any) -> tuple[list[TokenTrajectory], list[float], dict[str, float], list[Episode]]:  # fmt: skip # noqa: E501
+    """Every candidate of every step with spread: its row and advantage; the batch's counts; and
+    every scored branch (the preference model's sibling pairs, App. A.4, are built from them)."""
     rows: list[TokenTrajectory] = []
     advantages: list[float] = []
+    every: list[Episode] = []
     groups = flat = 0
     for episode in episodes:
         for branches, rewards in sibling_groups(episode, recipe):
             groups += 1
+            every += branches
             adv = sibling_advantages(rewards)
             if adv is None:
                 flat += 1
@@ -170,5 +173,9 @@ def sibling_rows(episodes: Sequence[Episode], recipe: Any, tokenizer: Any) -> tu
                 if b.steps[-1].text:  # an empty candidate has no token to carry its advantage
                     rows.append(candidate_trajectory(b, tokenizer))
                     advantages.append(a)
-    return rows, advantages, {"siblings/groups": float(groups), "siblings/flat": float(flat),
-                              "siblings/rows": float(len(rows))}  # fmt: skip
+    counts = {
+        "siblings/groups": float(groups),
+        "siblings/flat": float(flat),
+        "siblings/rows": float(len(rows)),
+    }
+    return rows, advantages, counts, every

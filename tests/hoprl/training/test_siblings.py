@@ -100,7 +100,8 @@ def test_rows_train_only_the_candidates_tokens(tiny_model: str) -> None:
     """A row is the branch's tokens with mask 1 on the candidate's text alone; one row per sibling
     of every group with spread (3 at step 1, 2 at step 2)."""
     tokenizer: Any = AutoTokenizer.from_pretrained(tiny_model)
-    rows, advantages, counts = sibling_rows([episode()], EvoRag(), tokenizer)
+    rows, advantages, counts, branches = sibling_rows([episode()], EvoRag(), tokenizer)
+    assert len(branches) == 5
     assert counts == {"siblings/groups": 2.0, "siblings/flat": 0.0, "siblings/rows": 5.0}
     assert len(rows) == len(advantages) == 5
     assert advantages[:3] == pytest.approx([0.991563, -1.008229, 0.016665], abs=2e-6)
