@@ -71,9 +71,7 @@ from hoprl.training.rollout import RolloutOptions, TrainingEngine, generation_mo
 
 log = logging.getLogger("hoprl.trainer")
 LOOP = "r2ag-rounds"
-#: App. B.2 "Overlong Response Length Control": the maximum output length of one response
-MAX_RESPONSE_TOKENS = 4096
-__all__ = ["MAX_RESPONSE_TOKENS", "R2agRounds", "group_advantages", "level_advantages", "tree_from_dict",
+__all__ = ["R2agRounds", "cap_reward", "group_advantages", "level_advantages", "tree_from_dict",
            "tree_to_dict"]  # fmt: skip
 
 
