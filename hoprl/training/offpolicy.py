@@ -117,6 +117,7 @@ class OffPolicyTrainer:
                 f"use one of {STEP_REWARD_RECIPES} or a GRPO-family objective"
             )
         self.objective, self.request, self.hp, self.recipe = objective, request, hp, recipe
+        self.loop = f"siblings-{objective}" if self.siblings else objective  # the checkpoints' loop name
         self.model, self.tokenizer, self.train_questions = model, tokenizer, train
         self.registry, self.run_id, self.output_dir = registry, run_id, output_dir
         self.rollout = AgentRollout(recipe, train, opts)
@@ -168,7 +169,7 @@ class OffPolicyTrainer:
         start = 0
         set_seed(self.request.seed)  # a resumed job restores the RNG state of its checkpoint below
         if resume_from_checkpoint is not None:
-            state = load_loop_checkpoint(resume_from_checkpoint, self.model, self.optimizer, self.objective)
+            state = load_loop_checkpoint(resume_from_checkpoint, self.model, self.optimizer, self.loop)
             start = int(state["step"])
             self.curricula.restore(state.get("curriculum"))
             if self.objective == "ppo" and start:
@@ -298,7 +299,7 @@ class OffPolicyTrainer:
         if switch is not None:
             log.info("stage switch at step %d: %s", step, switch)
             self.registry.record_stage_switch(self.run_id, step, **switch)
-        state = {"loop": self.objective, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
+        state = {"loop": self.loop, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
 
         def extra(folder: Path) -> None:
             if self.objective == "ppo":

@@ -171,4 +171,6 @@ def test_sibling_grpo_job(env: Env, tiny_model: str, collection: str) -> None:
     assert metrics["siblings/groups"] == sum(len(e.steps) for e in episodes)
     assert metrics["siblings/rows"] > 0 and "loss" in metrics, "no sibling group had spread"
     assert metrics["preference/train_pairs"] + metrics["preference/eval_pairs"] > 0
-    assert changed(tiny_model, registry.checkpoints(run_id)[-1].path)
+    checkpoint = Path(registry.checkpoints(run_id)[-1].path)
+    assert changed(tiny_model, str(checkpoint))
+    assert json.loads((checkpoint / STATE_FILE).read_text())["loop"] == "siblings-grpo"  # resumes as itself
