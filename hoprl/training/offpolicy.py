@@ -4,7 +4,7 @@ EVO-RAG's GRPO over sibling candidates.
 :class:`OffPolicyTrainer` is the job loop for ``objective: "ppo"`` and ``"dpo"``, and for the
 GRPO family with ``advantage: "siblings"`` (:mod:`hoprl.training.siblings`: one episode per
 question with ``num_generations`` candidates at every step, rows and advantages per sibling
-group, one clipped-loss step; no ``episodes_from``, the siblings are sampled live). Each step:
+group, one clipped-loss step; with ``episodes_from``, the siblings a sibling run stored). Each step:
 
 1. **episodes**: either fresh rollouts, collected exactly as the GRPO path collects them
    (:meth:`AgentRollout.collect <hoprl.training.rollout.AgentRollout.collect>`: the recipe's
@@ -206,10 +206,10 @@ class OffPolicyTrainer:
             return episodes, {"reward": mean([float(r["total"]) for _, r in rows if "total" in r])}
         rng = random.Random(f"{self.request.seed}:{step}")  # the same draw when a resumed job replays it
         groups = rng.sample(self.train_questions, self.hp.questions_per_step)
-        if self.siblings:
-            return self.sibling_episodes(step, groups, began)
         if self.hp.rollout_seed:  # each episode samples from this seed plus its index (run_episode)
             self.rollout.opts.episode["seed"] = rng.randrange(2**31)
+        if self.siblings:
+            return self.sibling_episodes(step, groups, began)
         weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
         engine = self.rollout.engine
         assert engine is not None
