@@ -200,11 +200,13 @@ class Hyperparameters(BaseModel):
         "seed and the step, plus the sample's index), so the same weights give the same episodes on every "
         "run; seeded calls decode one at a time, so rollouts are slower",
     )
-    advantage: Literal["sequence", "per_step"] | None = Field(
+    advantage: Literal["sequence", "per_step", "siblings"] | None = Field(
         None,
-        description="GRPO family: one advantage per episode from its total reward (sequence), or EVO-RAG's "
-        "per-step group normalisation of step rewards (per_step); default: per_step for evo-rag, else "
-        "sequence",
+        description="GRPO family: one advantage per episode from its total reward (sequence); EVO-RAG's "
+        "step rewards normalised over the num_generations sibling candidates sampled from the same state "
+        "(siblings: §3.4, App. A.5; one episode per question, the project's own loop, one process); or "
+        "per step index across num_generations independent episodes (per_step, TRL's trainer); default: "
+        "siblings for evo-rag, else sequence",
     )
     critic: Literal["separate", "shared"] | None = Field(
         None,
@@ -212,6 +214,11 @@ class Hyperparameters(BaseModel):
         "policy; default: separate",
     )
     critic_learning_rate: float | None = Field(None, gt=0, description="PPO: the critic's (default 1e-5)")
+    critic_model: str | None = Field(
+        None,
+        description="PPO, separate critic: the critic's own model (EVO-RAG App. C Table 10: "
+        "Qwen/Qwen2.5-0.5B-Instruct, configs/evo-rag.yaml); unset: a copy of the policy's body",
+    )
     preference_model: bool | None = Field(
         None, description="EVO-RAG: train the 7-head preference model every step (default on for evo-rag)"
     )

@@ -9,7 +9,8 @@ TRL does the optimisation; this module only configures it:
 - ``loss_type`` is the objective (``grpo``, ``dapo``, ``dr_grpo``), with ``epsilon`` /
   ``epsilon_high`` (R2AG: 0.2 / 0.28) and ``beta`` (0 = no KL, no reference model);
 - :class:`HoprlGRPOTrainer` swaps TRL's k3 KL estimator for ARENA's k2 when asked, and gives
-  EVO-RAG its per-step advantages (``advantage="per_step"``, below).
+  EVO-RAG's per-step-index advantages (``advantage="per_step"``, below; the paper's sibling
+  normalisation, EVO-RAG's default, is :mod:`hoprl.training.siblings`).
 
 **The k2 estimator.** TRL adds ``beta * k3`` with ``k3 = exp(r - l) - (r - l) - 1`` (``l`` the
 policy's token log-prob, ``r`` the reference's), which grows like ``exp(r - l)`` when the policy
@@ -22,10 +23,12 @@ pass. The k2 term is averaged over mask-1 tokens per sequence and then over sequ
 ``grpo`` aggregation) for every loss type, and divided by the gradient-accumulation steps like
 TRL's loss; it is logged as ``kl`` (the k2 value).
 
-**Per-step advantages (EVO-RAG).** TRL turns each completion's total reward into one advantage,
-``(R_i - mean_group R) / std_group R``, and gives it to every token of the completion. EVO-RAG's
-GRPO normalises the *step* rewards ``r~_t = R_t = sum_k w_k(t) r_k(t)`` per step index across the
-group instead: for episode ``i`` of a group and its step ``t``::
+**Per-step advantages (EVO-RAG, an option).** TRL turns each completion's total reward into one
+advantage, ``(R_i - mean_group R) / std_group R``, and gives it to every token of the completion.
+This option normalises the *step* rewards ``r~_t = R_t = sum_k w_k(t) r_k(t)`` per step index
+across the group's independent episodes instead (the project's earlier reading of EVO-RAG §3.4;
+the paper normalises over sibling candidates of one state: :mod:`hoprl.training.siblings`): for
+episode ``i`` of a group and its step ``t``::
 
     A_{i,t} = (R_{i,t} - mu_t) / (sigma_t + 1e-4)     mu_t, sigma_t over the group's episodes
                                                       that have a step t (TRL's mean and std)

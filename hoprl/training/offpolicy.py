@@ -1,6 +1,10 @@
-"""PPO and DPO jobs: EVO-RAG's other two objectives, on the rollouts GRPO trains on.
+"""PPO and DPO jobs: EVO-RAG's other two objectives, on the rollouts GRPO trains on; and
+EVO-RAG's GRPO over sibling candidates.
 
-:class:`OffPolicyTrainer` is the job loop for ``objective: "ppo"`` and ``"dpo"``. Each step:
+:class:`OffPolicyTrainer` is the job loop for ``objective: "ppo"`` and ``"dpo"``, and for the
+GRPO family with ``advantage: "siblings"`` (:mod:`hoprl.training.siblings`: one episode per
+question with ``num_generations`` candidates at every step, rows and advantages per sibling
+group, one clipped-loss step; with ``episodes_from``, the siblings a sibling run stored). Each step:
 
 1. **episodes**: either fresh rollouts, collected exactly as the GRPO path collects them
    (:meth:`AgentRollout.collect <hoprl.training.rollout.AgentRollout.collect>`: the recipe's
@@ -49,11 +53,14 @@ from transformers import set_seed
 from trl.trainer.utils import disable_dropout_in_model
 
 from hoprl.agent.trajectory import Episode
+from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.generation.chat import EngineChat
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
 from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer
+from hoprl.training.policy_loss import clipped_loss
 from hoprl.training.ppo import (
     PPOConfig,
     PPOSample,
@@ -70,7 +77,9 @@ from hoprl.training.rollout import (
     TrainingEngine,
     episode_stats,
     generation_mode,
+    score,
 )
+from hoprl.training.siblings import run_sibling_episodes, sibling_rows
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -96,14 +105,19 @@ class OffPolicyTrainer:
         run_id: str,
         output_dir: str,
     ) -> None:
-        if objective not in ("ppo", "dpo"):
-            raise ValueError(f"objective must be 'ppo' or 'dpo', got {objective!r}")
+        # EVO-RAG's GRPO over sibling candidates (siblings.py) is this loop too
+        self.siblings = objective in ("grpo", "dapo", "dr_grpo") and hp.advantage == "siblings"
+        if objective not in ("ppo", "dpo") and not self.siblings:
+            raise ValueError(f"objective must be 'ppo' or 'dpo' (or GRPO with siblings), got {objective!r}")
+        if self.siblings and hp.beta:
+            raise ValueError("sibling GRPO has no KL term (EVO-RAG App. C Table 10: KL coef 0.0); set beta 0")
         if recipe.name not in STEP_REWARD_RECIPES:
             raise ValueError(
                 f"{objective} needs step rewards, which recipe {recipe.name!r} does not define; "
                 f"use one of {STEP_REWARD_RECIPES} or a GRPO-family objective"
             )
         self.objective, self.request, self.hp, self.recipe = objective, request, hp, recipe
+        self.loop = f"siblings-{objective}" if self.siblings else objective  # the checkpoints' loop name
         self.model, self.tokenizer, self.train_questions = model, tokenizer, train
         self.registry, self.run_id, self.output_dir = registry, run_id, output_dir
         self.rollout = AgentRollout(recipe, train, opts)
@@ -114,19 +128,24 @@ class OffPolicyTrainer:
         needs_ref = objective == "dpo" or bool(hp.beta)
         self.ref: Any = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref else None
         lr = hp.learning_rate or (1e-5 if objective == "ppo" else 1e-6)
-        if objective == "ppo":
+        if self.siblings:
+            disable_dropout_in_model(model)
+        elif objective == "ppo":
             disable_dropout_in_model(model)
             self.ppo = PPOConfig(
                 learning_rate=lr,
                 critic=hp.critic or "separate",
+                critic_model=hp.critic_model,
                 critic_learning_rate=hp.critic_learning_rate or 1e-5,
                 kl_coef=hp.beta or 0.0,
                 temperature=hp.temperature,
                 batch_size=hp.questions_per_step * hp.num_generations,
                 seed=request.seed,
             )
-            self.value_head = make_critic(model, self.ppo.critic)  # a ValueModel or a ValueHead
-        else:
+            # a ValueModel (its own network: critic_model's, else a copy of the policy's) or a ValueHead
+            self.value_head = make_critic(model, self.ppo.critic, self.ppo.critic_model, tokenizer)
+            self.value_head.to(next(model.parameters()).device)
+        elif objective == "dpo":
             self.dpo = DPOJobConfig(
                 delta=hp.pair_delta,
                 beta=hp.beta or 0.1,
@@ -141,6 +160,7 @@ class OffPolicyTrainer:
             else torch.optim.AdamW(model.parameters(), lr=lr)
         )
         self.preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1
+        self.branches: list[Episode] = []  # the last sibling step's scored branches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -149,7 +169,7 @@ class OffPolicyTrainer:
         start = 0
         set_seed(self.request.seed)  # a resumed job restores the RNG state of its checkpoint below
         if resume_from_checkpoint is not None:
-            state = load_loop_checkpoint(resume_from_checkpoint, self.model, self.optimizer, self.objective)
+            state = load_loop_checkpoint(resume_from_checkpoint, self.model, self.optimizer, self.loop)
             start = int(state["step"])
             self.curricula.restore(state.get("curriculum"))
             if self.objective == "ppo" and start:
@@ -164,8 +184,8 @@ class OffPolicyTrainer:
             began = time.perf_counter()
             episodes, timings = self.episodes(step)
             metrics = self.update(episodes) | timings
-            if self.preference is not None:
-                metrics |= self.preference.step(episodes)
+            if self.preference is not None:  # sibling GRPO: its candidates are the preference siblings
+                metrics |= self.preference.step(self.branches if self.siblings else episodes)
             metrics |= {"step_time": time.perf_counter() - began, "step": float(step)}
             self.registry.log_metrics(self.run_id, step, metrics)
             shown = {
@@ -188,6 +208,8 @@ class OffPolicyTrainer:
         groups = rng.sample(self.train_questions, self.hp.questions_per_step)
         if self.hp.rollout_seed:  # each episode samples from this seed plus its index (run_episode)
             self.rollout.opts.episode["seed"] = rng.randrange(2**31)
+        if self.siblings:
+            return self.sibling_episodes(step, groups, began)
         weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
         engine = self.rollout.engine
         assert engine is not None
@@ -199,8 +221,47 @@ class OffPolicyTrainer:
         stats = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
         return episodes, stats | episode_stats(episodes)
 
+    def sibling_episodes(self, step: int, groups: list[Question], began: float) -> tuple[list[Episode], dict[str, float]]:  # fmt: skip # noqa: E501
+        """One episode per question with its siblings at every step (EVO-RAG Table 10: n = 1)."""
+        engine = self.rollout.engine
+        assert engine is not None
+        opts = self.rollout.opts
+
+        async def run() -> list[Episode]:
+            retriever = AsyncRetrieverClient(opts.retriever_url)
+            try:
+                return await run_sibling_episodes(self.recipe, groups, EngineChat(engine), retriever,
+                                                  opts.collection, k=opts.num_generations,
+                                                  concurrency=opts.concurrency, **opts.episode)  # fmt: skip
+            finally:
+                await retriever.aclose()
+
+        with generation_mode(self.model, opts.torch_threads):
+            episodes = asyncio.run(run())
+        weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
+        per, totals = score(self.rollout.reward_funcs, weights, episodes, groups)
+        self.registry.write_episodes(
+            self.run_id, step, episodes, [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
+        )
+        stats = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
+        return episodes, stats | episode_stats(episodes)
+
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         self.model.train()
+        if self.siblings:
+            rows, advantages, counts, self.branches = sibling_rows(episodes, self.recipe, self.tokenizer)
+            if not rows:
+                return counts
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            eps = self.hp.epsilon or 0.2
+            loss = clipped_loss(self.model, rows, advantages, pad, temperature=self.hp.temperature,
+                                eps_low=eps, eps_high=self.hp.epsilon_high or eps, loss_type=self.objective,
+                                max_tokens=self.hp.max_new_tokens_per_step)  # fmt: skip
+            self.optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            return counts | {"loss": float(loss.item())}
         if self.objective == "ppo":
             # A step with no text has no token to carry its reward (e.g. an immediate end-of-text).
             usable = [e for e in episodes if e.steps and all(s.text for s in e.steps)]
@@ -238,7 +299,7 @@ class OffPolicyTrainer:
         if switch is not None:
             log.info("stage switch at step %d: %s", step, switch)
             self.registry.record_stage_switch(self.run_id, step, **switch)
-        state = {"loop": self.objective, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
+        state = {"loop": self.loop, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
 
         def extra(folder: Path) -> None:
             if self.objective == "ppo":

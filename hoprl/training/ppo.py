@@ -34,10 +34,15 @@ Loss on a minibatch (masked means over policy tokens; ``ratio = exp(log pi - log
 ``pi_old``, ``V_old`` and the advantages are computed once per :func:`ppo_step` (no gradient) by
 the policy being trained, then ``ppo_epochs`` passes over minibatches follow.
 
-The critic. EVO-RAG's PPO (the paper's defaults, :class:`PPOConfig`): a **separate** value model
-(:class:`ValueModel`: its own copy of the policy's transformer body, initialised from the
-policy's weights, with a linear value head) trained at its own learning rate, 1e-5, beside the
-policy's 1e-6, and a per-token KL penalty of 0.001. The optimizer holds two parameter groups
+The critic. EVO-RAG's PPO (the paper's defaults, :class:`PPOConfig`; App. C, Table 10): a
+**separate** value model (:class:`ValueModel`: a transformer body with a linear value head)
+trained at its own learning rate, 1e-5, beside the policy's 1e-6, and a per-token KL penalty of
+0.001. Table 10 names the critic's model, ``Qwen/Qwen2.5-0.5B-Instruct``, a smaller network than
+the 8B policy: ``critic_model`` loads that body (``configs/evo-rag.yaml`` sets it). The critic reads
+the policy's token ids, so its tokenizer must be the policy's (Qwen2.5-0.5B shares Qwen2.5-7B's;
+Llama-3.1-8B's differs, and :func:`make_critic` refuses the pair). Without ``critic_model`` (the
+CPU default) the critic body is a copy of the policy's own: the tiny CPU model is its own small
+critic. The optimizer holds two parameter groups
 (:func:`ppo_optimizer`), each clipped to ``max_grad_norm`` on its own. ``critic="shared"`` (an
 option, the project's earlier design) puts a :class:`ValueHead` on the policy's own last hidden
 state instead: one network, and the value loss's gradient reaches the policy body too.
@@ -92,6 +97,11 @@ class PPOConfig(BaseModel):
     learning_rate: float = Field(default=1e-6, description="the policy's (EVO-RAG: 1e-6)")
     critic: CriticKind = Field(
         default="separate", description="a separate value model, or a head on the policy"
+    )
+    critic_model: str | None = Field(
+        default=None,
+        description="a separate critic's body: a model path (EVO-RAG App. C Table 10: "
+        "Qwen/Qwen2.5-0.5B-Instruct); None: a copy of the policy's body",
     )
     critic_learning_rate: float = Field(default=1e-5, description="the critic's (EVO-RAG: 1e-5)")
     gamma: float = 1.0
@@ -169,6 +179,22 @@ class ValueModel(nn.Module):
         disable_dropout_in_model(body)
         return cls(body)
 
+    @classmethod
+    def from_pretrained(cls, path: str | Path, tokenizer: Any = None) -> ValueModel:
+        """A critic whose body is the model at ``path`` (a fresh value head). It reads the policy's
+        token ids: with ``tokenizer`` (the policy's) given, the critic's own must have the same vocabulary."""
+        if tokenizer is not None:
+            own = AutoTokenizer.from_pretrained(str(path))
+            if own.get_vocab() != tokenizer.get_vocab():
+                raise ValueError(
+                    f"critic_model {str(path)!r} has another tokenizer than the policy; the critic reads "
+                    "the policy's token ids, so pick a critic of the policy's family (EVO-RAG's "
+                    "Qwen2.5-0.5B-Instruct for a Qwen2.5 policy) or leave critic_model unset"
+                )
+        body = AutoModel.from_pretrained(str(path), dtype=torch.float32)
+        disable_dropout_in_model(body)
+        return cls(body)
+
     def forward(self, batch: Tensors) -> torch.Tensor:
         """Values ``[B, L-1]`` in the shifted frame of :func:`collate`."""
         hidden = self.body(
@@ -181,10 +207,15 @@ class ValueModel(nn.Module):
 Critic = ValueHead | ValueModel
 
 
-def make_critic(policy: Any, kind: CriticKind = "separate") -> Critic:
-    """A :class:`ValueModel` copied from ``policy`` (separate) or a :class:`ValueHead` for it (shared)."""
+def make_critic(
+    policy: Any, kind: CriticKind = "separate", model: str | Path | None = None, tokenizer: Any = None
+) -> Critic:
+    """A :class:`ValueModel` (separate: the body of ``model``, else a copy of ``policy``'s) or a
+    :class:`ValueHead` on the policy (shared). ``tokenizer``: the policy's, checked against ``model``'s."""
     if kind == "separate":
-        return ValueModel.from_policy(policy)
+        return ValueModel.from_pretrained(model, tokenizer) if model else ValueModel.from_policy(policy)
+    if model:
+        raise ValueError("critic_model needs critic='separate' (a shared critic is a head on the policy)")
     if kind == "shared":
         return ValueHead(int(policy.config.hidden_size))
     raise ValueError(f"critic must be 'separate' or 'shared', got {kind!r}")
@@ -415,7 +446,9 @@ def train_ppo(
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     policy = AutoModelForCausalLM.from_pretrained(str(model_path), device_map=device)
     disable_dropout_in_model(policy)
-    critic = load_critic(model_path, policy, config.critic) or make_critic(policy, config.critic)
+    critic = load_critic(model_path, policy, config.critic) or make_critic(
+        policy, config.critic, config.critic_model, tokenizer
+    )
     ref = None
     if config.kl_coef > 0:
         ref = AutoModelForCausalLM.from_pretrained(str(model_path), device_map=device)

@@ -1,44 +1,38 @@
-"""R2AG's progressive iterative training: grow a retrieval forest one level per round, train on it.
+"""R2AG's progressive iterative training as its Algorithm 1 runs it (App. B.1, B.2).
 
-One cohesive module over ~400 lines: the rounds loop with its advantages and surrogate loss (the
-recipe's forest and rewards are :mod:`hoprl.recipes.r2ag`).
+The forest and its growth are :mod:`hoprl.recipes.r2ag.forest`; this module is the loop.
 
-A *forest* holds the retrieval trees of a batch of questions (``questions_per_step`` questions,
-drawn with the job's seed; one tree each to begin with). **One round is one optimizer step (one
-registry step) and trains on the expansions of one tree level.** Round ``k`` of a forest:
+**Levels and batches.** ``RR-Forest^0`` holds one tree per training question, the root alone (in
+an order shuffled with the job's seed and the epoch). Level ``j`` walks ``RR-Forest^j`` in prompt
+batches of ``B = questions_per_step`` trees (the paper: 128, App. B.2); **one batch is one
+optimizer step** (Algorithm 1: ``π_old <- π_θ`` at the start of a batch, ``π_θ <- J | O`` at its
+end) and one registry step. For every tree of the batch:
 
-1. **expand**: for every open leaf of every tree (:meth:`RetrievalTree.frontier`: the root in
-   round 1, afterwards the gold hits of the level before), the current policy samples
-   ``num_generations`` expansions. The prompt is R2AG's system prompt, the question, the pruned
-   tree so far (:func:`~hoprl.recipes.r2ag.context`) and the node to expand. An expansion is one
-   policy turn of the R2AG protocol run by the agent loop (:class:`LeafRecipe`): its ``<base-Q>`` /
-   ``<predicted-Q>`` sub-queries go to the retriever (top-1 each), or it stops
-   (``<base-Q>stop retrieval</base-Q>``, which never reaches the retriever).
-2. **score**: each expansion is a one-step episode scored by the Top-Survivor reward
-   (:meth:`R2ag.score`) with the gold titles its tree already holds as ``meta["found_titles"]``:
-   Multi-Hit credits only documents new to the tree, and a stop earns Joint-Hit only when the tree
-   holds every gold document (a stop before that zeroes the expansion's reward). The expansions go
-   to the registry (question id, sample = the leaf's index among the question's open leaves x
-   ``num_generations`` + sample).
-3. **train**: a leaf's samples are a group; advantages are GRPO's ``(R - mean) / (std + 1e-4)``
-   within it (``scale_rewards``: ``batch`` divides by the level's std instead, ``none``, the
-   ``dr_grpo`` default, by nothing); groups whose rewards have zero spread are dropped (DAPO's
-   dynamic sampling, without a refill: every open leaf is already in the batch). One optimizer
-   step on the clipped surrogate ``-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` over the
-   expansion's policy tokens (mask 1; the injected ``<information>`` never enters the loss),
-   aggregated per token over the batch (``dapo``), per sequence then per batch (``grpo``), or over
-   ``B x token_budget`` (``dr_grpo``). With one update per batch ``rho`` is 1 when the gradient is
-   taken (as in TRL with one iteration per generation), so the clip ``epsilon`` / ``epsilon_high``
-   (0.2 / 0.28) is the DAPO objective's shape rather than an active constraint.
-4. **grow and prune** (:func:`~hoprl.recipes.r2ag.grow_forest`): every sample's expansion of a
-   tree makes a new tree, pruned to the branches that hit gold; identical trees are kept once, and
-   the trees with an open leaf are round ``k+1``'s forest (at most ``forest_width`` per question
-   when the recipe config sets it; the paper keeps them all).
+1. **expand**: ``G = num_generations`` responses (the paper's group size, 12 per tree at every
+   expansion step, App. B.2) are sampled from ``q ⊕ d~^j``: R2AG's prompt with the tree's
+   documents as an ``<information>`` block (none at level 0). A response is one policy turn of
+   the R2AG protocol run by the agent loop (:class:`TreeRecipe`): its ``<base-Q>`` /
+   ``<predicted-Q>`` sub-queries go to the retriever (top-1 each), or it stops.
+2. **score**: the Top-Survivor reward (:meth:`R2ag.score`) with the gold titles the tree already
+   holds as ``meta["found_titles"]`` (Multi-Hit credits only documents new to the tree; a stop
+   before every gold document is found zeroes the reward). **The 4,096-token hard cap** (App. B.2,
+   "Overlong Response Length Control"): a response cut at ``max_new_tokens_per_step`` (the paper:
+   4,096) is truncated and its reward is 0 (``meta["r2ag"]["zeroed"] = "truncated"``).
+3. **train**: a tree's ``G`` responses are a group; ``A_i = (R_i - mean) / (std + 1e-4)``
+   (:mod:`hoprl.training.policy_loss`; ``scale_rewards`` as in TRL); a group whose rewards have
+   zero spread is dropped (Eq. 6: ``std({R_i}) > 0``). One optimizer step on the clipped
+   token-level surrogate (Eq. 6, ``dapo``: ``1 / sum_i |o_i|``; clip 0.2 / 0.28).
+4. **grow** (:func:`~hoprl.recipes.r2ag.grow_forest`): each response's tree leaves the forest
+   when it holds every gold document and the response stopped; every other one, pruned to its
+   gold-hit branches, joins ``RR-Forest^{j+1}``: trees with no gold branch (the root alone) and
+   trees whose response stopped early included. Identical trees are kept once.
 
-After ``l_max`` rounds (L_MAX = 5), or as soon as no tree has an open leaf, the next round starts
-a new forest on the next batch of questions. The round, the forest and the batch index are run
-state: they are saved in every checkpoint's ``hoprl_state.json`` and restored on resume, and each
-round is a registry stage (``round1`` .. ``round5``).
+When ``RR-Forest^j`` is exhausted, level ``j+1`` walks ``RR-Forest^{j+1}``. After ``l_max``
+levels (the paper's 5 retrieval iterations, App. B.2) or when the next forest is empty, a new
+epoch starts again from ``RR-Forest^0`` (Algorithm 1 returns there; a job may train longer).
+The epoch, the level, the forests and the batch cursor are run state: they are saved in every
+checkpoint's ``hoprl_state.json`` and restored on resume; each level is a registry stage
+(``round1`` .. ``round5``).
 """
 
 from __future__ import annotations
@@ -46,13 +40,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import statistics
 import time
 from typing import Any
 
 import torch
 from transformers import set_seed
-from trl.trainer.utils import selective_log_softmax
 
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
@@ -62,9 +54,8 @@ from hoprl.generation.chat import EngineChat
 from hoprl.recipes.base import Action
 from hoprl.recipes.r2ag import (
     Forest,
-    Node,
     RetrievalTree,
-    context,
+    documents,
     episode_return,
     grow_forest,
     survivors,
@@ -75,16 +66,18 @@ from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest, reward_scaling
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
+from hoprl.training.policy_loss import clipped_loss, group_advantages, level_advantages
 from hoprl.training.rollout import RolloutOptions, TrainingEngine, generation_mode
 
 log = logging.getLogger("hoprl.trainer")
 LOOP = "r2ag-rounds"
-__all__ = ["R2agRounds", "group_advantages", "level_advantages", "tree_from_dict", "tree_to_dict"]
+__all__ = ["R2agRounds", "cap_reward", "group_advantages", "level_advantages", "tree_from_dict",
+           "tree_to_dict"]  # fmt: skip
 
 
-class LeafRecipe:
-    """The R2AG recipe with one node's prompt and one turn: the agent loop then returns exactly one
-    expansion of that node."""
+class TreeRecipe:
+    """The R2AG recipe with one tree's prompt and one turn: the agent loop then returns exactly one
+    response to that tree."""
 
     max_steps = 1
 
@@ -104,83 +97,31 @@ class LeafRecipe:
         return text
 
 
-def leaf_messages(recipe: Any, question: Question, tree: RetrievalTree, leaf: Node) -> list[dict[str, str]]:
-    """The recipe's prompt plus the pruned tree and the node to expand."""
+def tree_messages(recipe: Any, question: Question, tree: RetrievalTree) -> list[dict[str, str]]:
+    """``q ⊕ d~``: the recipe's prompt, then the tree's documents as the policy reads retrievals."""
     messages = [dict(m) for m in recipe.messages(question)]
-    if leaf is tree.root:
-        messages[-1]["content"] += "\n\nExpand the question itself: this is the first level of the tree."
-    else:
-        doc = f" -> {leaf.doc.title}" if leaf.doc else ""
-        messages[-1]["content"] += (
-            f"\n\nRetrieval tree so far (the branches that found needed documents):\n{context(tree)}"
-            f"\n\nExpand this node: [{leaf.kind}] {leaf.query}{doc}"
-        )
+    docs = documents(tree)
+    if docs:
+        messages[-1]["content"] += "\n\n" + recipe.information([[d] for d in docs])
     return messages
 
 
-def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
-    """GRPO advantages of one group, or None when its rewards have zero spread (dropped).
-
-    ``scale``: divide by the group's reward std (GRPO); without it only the mean is subtracted
-    (Dr. GRPO, ``scale_rewards="none"``).
-    """
-    if max(rewards) == min(rewards):
-        return None
-    mean = sum(rewards) / len(rewards)
-    if not scale:
-        return [r - mean for r in rewards]
-    std = statistics.stdev(rewards)
-    return [(r - mean) / (std + 1e-4) for r in rewards]
+def truncated(episode: Episode) -> bool:
+    """The response was cut at its token cap (finish reason ``length``)."""
+    return "length" in episode.meta.get("finish_reasons", [])
 
 
-def level_advantages(groups: list[list[float]], scaling: str) -> list[list[float] | None]:
-    """:func:`group_advantages` of each group under TRL's ``scale_rewards`` (``group`` / ``batch``
-    / ``none``); ``batch`` divides the centred rewards by the std over every group's rewards."""
-    advantages = [group_advantages(g, scale=scaling == "group") for g in groups]
-    if scaling != "batch":
-        return advantages
-    std = statistics.stdev([r for g in groups for r in g])
-    return [None if a is None else [x / (std + 1e-4) for x in a] for a in advantages]
-
-
-def surrogate_loss(
-    model: Any,
-    episodes: list[Episode],
-    advantages: list[float],
-    tokenizer: Any,
-    hp: Hyperparameters,
-    loss_type: str,
-) -> torch.Tensor:
-    """The clipped policy-gradient loss of the module doc over the expansions' policy tokens."""
-    trajectories = [to_token_trajectory(e, tokenizer) for e in episodes]
-    ids = [t.prompt_ids + t.completion_ids for t in trajectories]
-    width = max(len(x) for x in ids)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
-    attention = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-    # shifted frame: position i predicts token i + 1; mask 1 where that token is the policy's
-    mask = torch.tensor(
-        [
-            [0] * (len(t.prompt_ids) - 1) + t.mask + [0] * (width - len(x))
-            for t, x in zip(trajectories, ids, strict=True)
-        ],
-        dtype=torch.float32,
-    )
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float() / hp.temperature
-    logps = selective_log_softmax(logits, input_ids[:, 1:])
-    ratio = torch.exp(logps - logps.detach())
-    adv = torch.tensor(advantages)[:, None]
-    clipped = torch.clamp(ratio, 1 - (hp.epsilon or 0.2), 1 + (hp.epsilon_high or hp.epsilon or 0.2))
-    per_token = -torch.min(ratio * adv, clipped * adv) * mask
-    if loss_type == "grpo":
-        return (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type == "dr_grpo":
-        return per_token.sum() / (len(episodes) * hp.token_budget)
-    return per_token.sum() / mask.sum().clamp(min=1.0)
+def cap_reward(episode: Episode) -> Episode:
+    """App. B.2: a truncated response earns 0 (its signals are zeroed, the reason recorded)."""
+    if truncated(episode):
+        for step in episode.steps:
+            step.signals = dict.fromkeys(step.signals, 0.0)
+        episode.meta["r2ag"] = {**episode.meta.get("r2ag", {}), "zeroed": "truncated"}
+    return episode
 
 
 class R2agRounds:
-    """The round loop (module doc); ``train(resume_from_checkpoint=...)`` like TRL's trainers."""
+    """The Algorithm 1 loop (module doc); ``train(resume_from_checkpoint=...)`` like TRL's trainers."""
 
     def __init__(
         self,
@@ -197,34 +138,37 @@ class R2agRounds:
     ) -> None:
         self.request, self.hp, self.recipe, self.model, self.tokenizer = request, hp, recipe, model, tokenizer
         self.train_questions, self.opts = train, opts
+        self.by_id = {q.id: q for q in train}
         self.registry, self.run_id, self.output_dir = registry, run_id, output_dir
         self.l_max: int = recipe.config.l_max
-        self.curricula = Curricula(recipe)  # R2AG has no reward curriculum; its rounds are the stages
+        self.curricula = Curricula(recipe)  # R2AG has no reward curriculum; its levels are the stages
         self.engine = TrainingEngine(model, tokenizer, threads=opts.torch_threads)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=hp.learning_rate or 1e-5)
-        self.batch, self.round = 0, 1
-        self.questions: list[Question] = []
-        self.forest: Forest = []
+        self.epoch = self.level = self.cursor = 0
+        self.forest: Forest = []  # RR-Forest^j
+        self.next_forest: Forest = []  # RR-Forest^{j+1}, built batch by batch
 
     @property
     def stage(self) -> str:
-        return f"round{self.round}"
+        return f"round{self.level + 1}"
 
-    def new_forest(self, batch: int) -> None:
-        rng = random.Random(f"{self.request.seed}:forest:{batch}")
-        self.batch, self.round = batch, 1
-        self.questions = rng.sample(self.train_questions, self.hp.questions_per_step)
-        self.forest = [RetrievalTree.for_question(q) for q in self.questions]
+    def new_epoch(self, epoch: int) -> None:
+        """``RR-Forest^0``: every training question's root, in a seeded order."""
+        order = list(self.train_questions)
+        random.Random(f"{self.request.seed}:forest:{epoch}").shuffle(order)
+        self.epoch, self.level, self.cursor = epoch, 0, 0
+        self.forest = [RetrievalTree.for_question(q) for q in order]
+        self.next_forest = []
 
-    def open_leaves(self) -> int:
-        return sum(len(tree.frontier(self.l_max)) for tree in self.forest)
+    def batch(self) -> Forest:
+        return self.forest[self.cursor : self.cursor + self.hp.questions_per_step]
 
     # -- the loop -------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | None = None) -> None:
         start = 0
         set_seed(self.request.seed)  # a resumed job restores the RNG state of its checkpoint below
-        self.new_forest(0)
+        self.new_epoch(0)
         if resume_from_checkpoint is not None:
             state = load_loop_checkpoint(resume_from_checkpoint, self.model, self.optimizer, LOOP)
             start = int(state["step"])
@@ -236,150 +180,111 @@ class R2agRounds:
             before = self.stage
             metrics = self.step(step)
             self.registry.log_metrics(self.run_id, step, metrics)
-            log.info(
-                "r2ag round step %d/%d (%s): %s",
-                step,
-                self.request.steps,
-                before,
-                {k: round(v, 4) for k, v in metrics.items()},
-            )
+            shown = {k: round(v, 4) for k, v in metrics.items()}
+            log.info("r2ag step %d/%d (%s): %s", step, self.request.steps, before, shown)
             if self.stage != before:
+                reason = "next level: the forest grew" if self.level else "forest done: a new epoch"
+                trees = float(len(self.forest))
                 self.registry.record_stage_switch(
-                    self.run_id,
-                    step,
-                    before,
-                    self.stage,
-                    "forest grew one level" if self.round > 1 else "forest done: new questions",
-                    metric_name="open_leaves",
-                    metric_value=float(self.open_leaves()),
+                    self.run_id, step, before, self.stage, reason, metric_name="trees", metric_value=trees
                 )
             if step % self.hp.save_steps == 0 or step == self.request.steps:
-                save_loop_checkpoint(
-                    self.output_dir,
-                    step,
-                    self.model,
-                    self.tokenizer,
-                    self.optimizer,
-                    self.registry,
-                    self.run_id,
-                    self.state(),
-                )
+                save_loop_checkpoint(self.output_dir, step, self.model, self.tokenizer, self.optimizer,
+                                     self.registry, self.run_id, self.state())  # fmt: skip
 
     def step(self, step: int) -> dict[str, float]:
-        """One round: expand, score, record, train, grow and prune (module doc)."""
-        if self.open_leaves() == 0:
-            self.new_forest(self.batch + 1)
+        """One prompt batch: expand, score, record, train, grow (module doc)."""
         began = time.perf_counter()
+        trees = self.batch()
         with generation_mode(self.model, self.opts.torch_threads):
-            level = asyncio.run(self.expansions())
+            groups = asyncio.run(self.expansions(trees))
         rollout_s = time.perf_counter() - began
-        groups = [group for tree_groups in level for group in tree_groups]
         flat = [ep for group in groups for ep in group]
         rewards = [episode_return(ep, self.recipe.config) for ep in flat]
-        self.registry.write_episodes(
-            self.run_id,
-            step,
-            flat,
-            [{**signal_sums(ep), "total": r} for ep, r in zip(flat, rewards, strict=True)],
-        )
+        columns = [{**signal_sums(ep), "total": r} for ep, r in zip(flat, rewards, strict=True)]
+        self.registry.write_episodes(self.run_id, step, flat, columns)
         grouped, start = [], 0
         for group in groups:
             grouped.append(rewards[start : start + len(group)])
             start += len(group)
         kept_eps: list[Episode] = []
         kept_adv: list[float] = []
-        dropped = 0
         scaling = reward_scaling(self.hp, self.request.objective)
-        for group, adv in zip(groups, level_advantages(grouped, scaling), strict=True):
-            if adv is None:
-                dropped += 1
-                continue
-            kept_eps += group
-            kept_adv += adv
+        advantages = level_advantages(grouped, scaling)
+        for group, adv in zip(groups, advantages, strict=True):
+            if adv is not None:
+                kept_eps += group
+                kept_adv += adv
         metrics = {
             "reward": sum(rewards) / len(rewards),
-            "round": float(self.round),
+            "round": float(self.level + 1),
+            "trees_in_batch": float(len(trees)),
             "groups": float(len(groups)),
-            "dynamic/dropped": float(dropped),
+            "dynamic/dropped": float(sum(a is None for a in advantages)),
+            "truncated": float(sum(truncated(ep) for ep in flat)),
             "rollout_s": rollout_s,
             "step": float(step),
         }
         if kept_eps:
             self.model.train()
-            loss = surrogate_loss(
-                self.model, kept_eps, kept_adv, self.tokenizer, self.hp, self.request.objective
-            )
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            loss = clipped_loss(
+                self.model, [to_token_trajectory(e, self.tokenizer) for e in kept_eps], kept_adv, pad,
+                temperature=self.hp.temperature, eps_low=self.hp.epsilon or 0.2,
+                eps_high=self.hp.epsilon_high or self.hp.epsilon or 0.2, loss_type=self.request.objective,
+                max_tokens=self.hp.max_new_tokens_per_step,
+            )  # fmt: skip
             self.optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.optimizer.step()
             metrics["loss"] = float(loss.item())
-        metrics |= self.grow(level)
+        metrics |= self.grow(trees, groups)
         metrics["step_time"] = time.perf_counter() - began
         return metrics
 
-    async def expansions(self) -> list[list[list[Episode]]]:
-        """Per tree, per open leaf, its ``num_generations`` scored expansions (trees in forest order)."""
+    async def expansions(self, trees: Forest) -> list[list[Episode]]:
+        """Per tree of the batch, its ``G`` scored responses (in batch order)."""
         chat = EngineChat(self.engine)
         retriever = AsyncRetrieverClient(self.opts.retriever_url)
         g = self.opts.num_generations
-        episode_opts = {k: v for k, v in self.opts.episode.items() if k != "max_steps"}
-        by_id = {q.id: q for q in self.questions}
+        cap = self.hp.max_new_tokens_per_step
+        # one response per episode: the budget is the response cap, so only the cap cuts it
+        episode_opts = self.opts.episode | {"max_new_tokens_per_step": cap, "token_budget": cap}
+        episode_opts.pop("max_steps", None)
 
-        async def one(question: Question, tree: RetrievalTree, leaf: Node, index: int) -> list[Episode]:
-            recipe = LeafRecipe(self.recipe, leaf_messages(self.recipe, question, tree, leaf))
-            eps = await run_episodes(
-                recipe,
-                [question],
-                chat,
-                retriever,
-                self.opts.collection,
-                n_samples=g,
-                concurrency=self.opts.concurrency,
-                max_steps=1,
-                **episode_opts,
-            )
+        async def one(index: int, tree: RetrievalTree) -> list[Episode]:
+            question = self.by_id[tree.question_id]
+            recipe = TreeRecipe(self.recipe, tree_messages(self.recipe, question, tree))
+            eps = await run_episodes(recipe, [question], chat, retriever, self.opts.collection,
+                                     n_samples=g, concurrency=self.opts.concurrency, max_steps=1,
+                                     **episode_opts)  # fmt: skip
             found = tree.found_titles()
             out = []
             for ep in eps:
-                ep.sample += index * g  # unique per (round step, question) for the registry key
-                ep.meta |= {"found_titles": found, "round": self.round, "node": leaf.query}
-                out.append(self.recipe.score(ep))
+                ep.sample += index * g  # unique per (step, question) for the registry key
+                ep.meta |= {"found_titles": found, "round": self.level + 1, "epoch": self.epoch}
+                out.append(cap_reward(self.recipe.score(ep)))
             return out
 
-        leaf_index: dict[str, int] = {}
-        jobs = []
-        for tree in self.forest:
-            for leaf in tree.frontier(self.l_max):
-                index = leaf_index[tree.question_id] = leaf_index.get(tree.question_id, -1) + 1
-                jobs.append(one(by_id[tree.question_id], tree, leaf, index))
         try:
-            flat = list(await asyncio.gather(*jobs))
+            return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(trees))))
         finally:
             await retriever.aclose()
-        level, start = [], 0
-        for tree in self.forest:
-            n = len(tree.frontier(self.l_max))
-            level.append(flat[start : start + n])
-            start += n
-        return level
 
-    def grow(self, level: list[list[list[Episode]]]) -> dict[str, float]:
-        """Every sample's pruned tree propagates (:func:`grow_forest`); returns the forest's metrics."""
-        steps = [[[expansion_step(ep) for ep in group] for group in groups] for groups in level]
-        grown = grow_forest(self.forest, steps, self.l_max)
-        found: dict[str, float] = {}
-        for tree in grown:
-            share = len(tree.found_titles()) / max(len(tree.gold_titles), 1)
-            found[tree.question_id] = max(found.get(tree.question_id, 0.0), share)
-        self.forest = survivors(grown, self.l_max, self.recipe.config.forest_width)
-        metrics = {
-            "gold_found": sum(found.values()) / len(self.questions),
-            "trees": float(len(self.forest)),
-        }
-        self.round += 1
-        if self.round > self.l_max or self.open_leaves() == 0:
-            self.new_forest(self.batch + 1)
+    def grow(self, trees: Forest, groups: list[list[Episode]]) -> dict[str, float]:
+        """Add the batch's trees to ``RR-Forest^{j+1}``; move on to the next batch, level or epoch."""
+        grown, done = grow_forest(trees, [[expansion_step(ep) for ep in group] for group in groups])
+        self.next_forest = survivors(self.next_forest + grown, self.recipe.config.forest_width)
+        metrics = {"trees_grown": float(len(grown)), "trees_finished": float(done),
+                   "next_forest": float(len(self.next_forest))}  # fmt: skip
+        self.cursor += len(trees)
+        if self.cursor >= len(self.forest):
+            if self.level + 1 >= self.l_max or not self.next_forest:
+                self.new_epoch(self.epoch + 1)
+            else:
+                self.level, self.cursor = self.level + 1, 0
+                self.forest, self.next_forest = self.next_forest, []
         return metrics
 
     # -- run state --------------------------------------------------------------------------------
@@ -389,24 +294,24 @@ class R2agRounds:
             "loop": LOOP,
             "stage": self.stage,
             "curriculum": None,
-            "batch": self.batch,
-            "round": self.round,
-            "question_ids": [q.id for q in self.questions],
+            "epoch": self.epoch,
+            "level": self.level,
+            "cursor": self.cursor,
             "forest": [tree_to_dict(t) for t in self.forest],
+            "next_forest": [tree_to_dict(t) for t in self.next_forest],
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        by_id = {q.id: q for q in self.train_questions}
-        self.batch, self.round = int(state["batch"]), int(state["round"])
-        self.questions = [by_id[i] for i in state["question_ids"]]
+        if "level" not in state:  # saved by the per-leaf rounds (before r2ag@3): start the epoch over
+            log.warning("checkpoint state predates Algorithm 1's loop; starting from RR-Forest^0")
+            return
+        self.epoch, self.level, self.cursor = int(state["epoch"]), int(state["level"]), int(state["cursor"])
         self.forest = [tree_from_dict(t) for t in state["forest"]]
-        if any(not t.question_id for t in self.forest):  # saved before r2ag@2: one tree per question
-            for tree, question in zip(self.forest, self.questions, strict=True):
-                tree.question_id = question.id
+        self.next_forest = [tree_from_dict(t) for t in state["next_forest"]]
 
 
 def expansion_step(episode: Episode) -> Step:
-    """The expansion an episode made; an episode cut before its first step closes the leaf."""
+    """The response an episode made; an episode cut before its first step added nothing."""
     if episode.steps:
         return episode.steps[0]
     return Step(t=1, action="format_error", text="", error=f"no expansion ({episode.outcome})")

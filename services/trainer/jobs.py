@@ -221,7 +221,7 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
         config = sft_config(hp, request.steps, output_dir, request.seed)
         return build_sft(model, tokenizer, data, config, callbacks=[callback])
     opts = rollout_options(request, hp, collection, settings)
-    if request.objective in ("ppo", "dpo"):
+    if request.objective in ("ppo", "dpo") or hp.advantage == "siblings":  # siblings: EVO-RAG's GRPO
         from hoprl.training.offpolicy import OffPolicyTrainer
 
         return OffPolicyTrainer(request.objective, request, hp, recipe, model, tokenizer, train, dev, opts,

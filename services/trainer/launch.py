@@ -122,8 +122,10 @@ def loop_problem(request: JobRequest, hp: Hyperparameters) -> tuple[str, str, st
     R2AG's progressive rounds, PPO and DPO are the project's own loops: one process, transformers.
     """
     objective = request.objective or "grpo"
-    trl_loop = objective in MULTI_PROCESS_OBJECTIVES and request.recipe != "r2ag"
+    siblings = hp.advantage == "siblings" and objective != "sft"  # EVO-RAG's sibling GRPO: its own loop
+    trl_loop = objective in MULTI_PROCESS_OBJECTIVES and request.recipe != "r2ag" and not siblings
     loop = "R2AG's progressive rounds" if request.recipe == "r2ag" else f"the {objective} loop"
+    loop = "the sibling GRPO loop (advantage siblings)" if siblings else loop
     if hp.generation == "vllm" and (not trl_loop or objective == "sft"):
         return ("generation", "generation_unsupported",
                 f"{loop} generates with the training model itself; vllm rollouts are for grpo, dapo "

@@ -49,9 +49,9 @@ def test_the_paper_size_config_is_a_gpu_job_the_trainer_admits(name: str) -> Non
     hp = request.hyperparameters
     assert {"generation", "processes", "learning_rate", "num_generations"} <= hp.model_fields_set
     assert hp.preset == "paper"
-    if (
-        name == "r2ag"
-    ):  # R2AG's rounds are the project's own loop: one process, transformers (the config says)
+    if name in ("r2ag", "evo-rag"):
+        # R2AG's rounds and EVO-RAG's sibling GRPO are the project's own loops: one process,
+        # transformers (the config says)
         assert (hp.generation, hp.processes, hp.distributed) == ("transformers", 1, None)
     else:
         assert hp.generation == "vllm" and hp.processes > 1

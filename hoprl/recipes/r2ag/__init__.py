@@ -8,7 +8,7 @@ The recipe in four parts, one module each:
   injected top-1 documents and the scripted expert;
 - :mod:`~hoprl.recipes.r2ag.reward`: the Top-Survivor reward (Eq. 5, App. B.2);
 - :mod:`~hoprl.recipes.r2ag.forest`: the retrieval forest of progressive iterative training
-  (grow one level per round, every sample's pruned tree propagates), which
+  (Algorithm 1: every unfinished response's pruned tree joins the next level), which
   :mod:`hoprl.training.r2ag_rounds` drives.
 
 ``docs/recipes/r2ag.md`` maps each mechanism of the paper to its code and the test that pins it.
@@ -26,7 +26,9 @@ from hoprl.recipes.r2ag.forest import (
     Node,
     RetrievalTree,
     context,
+    documents,
     expand,
+    finished,
     grow_forest,
     prune,
     survivors,
@@ -56,8 +58,8 @@ from hoprl.schemas import Question
 __all__ = [
     "END", "KIND_OF_TAG", "L_MAX", "NO_PREDICTION", "SCORE_VERSION", "SIGNALS", "STOP_QUERY",
     "SYSTEM_PROMPT", "TAGS", "Forest", "Node", "R2ag", "R2agConfig", "RetrievalTree",
-    "average_precision", "context", "episode_return", "episode_step_rewards", "expand",
-    "expert_segments", "grow_forest", "make_reward_funcs", "normalize_title", "parse_expansion",
+    "average_precision", "context", "documents", "episode_return", "episode_step_rewards", "expand",
+    "expert_segments", "finished", "grow_forest", "make_reward_funcs", "normalize_title", "parse_expansion",
     "prune", "render_information", "score_episode", "stop_segment", "survivors", "tree_from_dict",
     "tree_to_dict",
 ]  # fmt: skip

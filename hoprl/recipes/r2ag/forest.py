@@ -1,20 +1,26 @@
-"""R2AG's Reasoning-Augmented Retrieval Forest: retrieval trees grown one level per round.
+"""R2AG's Reasoning-Augmented Retrieval Forest (RR-Forest) as Algorithm 1 grows it.
 
-A :class:`RetrievalTree` starts at its question (the root). Each round, every open leaf of every
-tree is expanded by ``G`` sampled expansions (:mod:`hoprl.training.r2ag_rounds`), and
-:func:`grow_forest` turns them into the next forest:
+Algorithm 1 (R2AG RL Training; App. B.1) starts from one tree per training question, the root
+alone (``RRT_u^0 = ({v_0}, {})``, ``v_0 = {q_u, {}}``). At level ``j`` each tree of
+``RR-Forest^j`` is one prompt, ``q_u ⊕ d~^j`` (the question and the documents its tree holds:
+:func:`documents`), and the policy samples ``G`` responses to it. Response ``i`` extends the tree
+with a vertex per sub-query and its top-1 document (:func:`expand`: ``RRT_u^j ∪^e {(q~_b, r~_b)}
+∪^e {(q~_p, r~_p)}``), which makes a new tree ``RRT_{u_i}^{j+1}``. Then:
 
-- **every sample's tree propagates**: sample ``s`` of a tree (the ``s``-th expansion at each of
-  its open leaves: one sampled next level) makes a new tree, so a tree begets up to ``G`` trees,
-  not only the best sample's;
-- **pruning keeps only the branches that hit gold** (:func:`prune`): a branch whose top-1 document
-  is not gold is cut with everything under it, so a non-hit child of a hit node is never expanded;
-- an expanded node is closed: a node whose branches were all pruned is not retried, and a stop
-  closes the leaf where it was emitted.
+- **a finished tree leaves the forest**: when every gold document is in the tree and the response
+  stops (``|r~^{j+1} ∩ g_u| = |g_u|`` and stop; :func:`finished`);
+- **every other tree is pruned and kept** (``RRT_{u_i}^{j+1}(g~) <- pruning``): only the branches
+  whose documents are gold survive (:func:`prune`), and the pruned tree joins ``RR-Forest^{j+1}``,
+  even when nothing survived (the root alone: "RRTs that ... contain no accurate branches at all
+  (i.e., only the root node) are propagated", App. B.1) and when the response stopped early
+  (its reward is 0; the tree, short of gold, is expanded again at the next level);
+- ``RR-Forest^{j+1}`` is a set (``∪``): identical trees of a question are kept once
+  (:func:`grow_forest`, :func:`survivors`). ``forest_width`` (an option; the paper keeps every
+  tree) caps the trees per question, the ones holding the most gold first.
 
-Identical trees (same queries, kinds and documents) are kept once: their prompts would be the same.
-``forest_width`` (an option; the paper keeps every tree) caps the growing trees per question.
-The survivors are the next round's context (:func:`context`), up to ``L_MAX`` levels.
+New vertices hang under the tree's *tip*, its deepest vertex (the root while it has none), so a
+tree is the chain of gold hits its samples found level by level; the prompt only reads the
+tree's documents, so the shape matters for :func:`context` and nothing else.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hoprl.agent.trajectory import RetrievedDoc, Step
-from hoprl.recipes.r2ag.config import L_MAX
 from hoprl.recipes.rewards import normalize_title
 from hoprl.schemas import Question
 
@@ -38,20 +43,19 @@ class Node:
     kind: str
     doc: RetrievedDoc | None = None
     children: list[Node] = field(default_factory=list)
-    closed: bool = False  # expanded already, or the policy stopped (or failed to parse) here
 
     def hits(self, gold: set[str]) -> bool:
         return self.doc is not None and normalize_title(self.doc.title) in gold
 
     def key(self) -> tuple[Any, ...]:
-        """What makes two subtrees the same: queries, kinds, documents, closed flags, children."""
-        return (self.query, self.kind, self.doc.id if self.doc else None, self.closed,
+        """What makes two subtrees the same: queries, kinds, documents and children."""
+        return (self.query, self.kind, self.doc.id if self.doc else None,
                 tuple(c.key() for c in self.children))  # fmt: skip
 
 
 @dataclass
 class RetrievalTree:
-    """A question's retrieval tree; the root is the question, each level one expansion."""
+    """A question's retrieval tree (an RRT); the root is the question."""
 
     question: str
     gold_titles: list[str]
@@ -60,65 +64,71 @@ class RetrievalTree:
 
     @classmethod
     def for_question(cls, question: Question) -> RetrievalTree:
+        """``RRT^0``: the root alone."""
         root = Node(question.question, "question")
         return cls(question.question, list(question.gold_titles), root, question.id)
 
-    def frontier(self, l_max: int = L_MAX) -> list[Node]:
-        """Open leaves above depth ``l_max``, depth-first: the nodes the next level expands."""
-        out: list[Node] = []
+    def nodes(self) -> list[tuple[Node, int]]:
+        """Every vertex below the root with its depth (1 = a child of the root), depth-first."""
+        out: list[tuple[Node, int]] = []
 
         def walk(node: Node, depth: int) -> None:
-            if node.children:
-                for child in node.children:
-                    walk(child, depth + 1)
-            elif not node.closed and depth < l_max:
-                out.append(node)
+            for child in node.children:
+                out.append((child, depth + 1))
+                walk(child, depth + 1)
 
         walk(self.root, 0)
         return out
 
+    def tip(self) -> Node:
+        """Where the next level's vertices hang: the first deepest vertex, else the root."""
+        nodes = self.nodes()
+        if not nodes:
+            return self.root
+        deepest = max(d for _, d in nodes)
+        return next(n for n, d in nodes if d == deepest)
+
     def found_titles(self) -> list[str]:
         """Gold titles retrieved anywhere in the tree (for ``episode.meta['found_titles']``)."""
         gold = {normalize_title(t) for t in self.gold_titles}
-        found: set[str] = set()
+        return sorted({normalize_title(n.doc.title) for n, _ in self.nodes() if n.doc and n.hits(gold)})
 
-        def walk(node: Node) -> None:
-            if node.doc is not None and node.hits(gold):
-                found.add(normalize_title(node.doc.title))
-            for child in node.children:
-                walk(child)
-
-        walk(self.root)
-        return sorted(found)
+    def key(self) -> tuple[Any, ...]:
+        return (self.question_id, self.root.key())
 
 
 Forest = list[RetrievalTree]
 
 
-def expand(forest: Forest, level_outputs: Sequence[Sequence[Step]], l_max: int = L_MAX) -> int:
-    """Add one level in place: ``level_outputs[i]`` holds one expansion per node of ``forest[i].frontier()``.
+def documents(tree: RetrievalTree) -> list[RetrievedDoc]:
+    """``d~``: the tree's documents in depth-first order, each once (the prompt's context)."""
+    seen: set[str] = set()
+    out: list[RetrievedDoc] = []
+    for node, _ in tree.nodes():
+        if node.doc is not None and node.doc.id not in seen:
+            seen.add(node.doc.id)
+            out.append(node.doc)
+    return out
 
-    Every expanded leaf is closed; a search expansion also adds one child per sub-query (with its
-    top-1 document). Returns the number of nodes added.
-    """
-    if len(level_outputs) != len(forest):
-        raise ValueError(f"{len(level_outputs)} output lists for {len(forest)} trees")
-    added = 0
-    for tree, outputs in zip(forest, level_outputs, strict=True):
-        leaves = tree.frontier(l_max)
-        if len(outputs) != len(leaves):
-            raise ValueError(
-                f"{len(outputs)} expansions for {len(leaves)} frontier nodes of {tree.question!r}"
-            )
-        for leaf, step in zip(leaves, outputs, strict=True):
-            leaf.closed = True
-            if step.action != "search":
-                continue
-            kinds = step.query_kinds or ["base"] * len(step.queries)
-            for query, kind, ranked in zip(step.queries, kinds, step.docs, strict=True):
-                leaf.children.append(Node(query, kind, ranked[0] if ranked else None))
-                added += 1
-    return added
+
+def expand(tree: RetrievalTree, step: Step) -> RetrievalTree:
+    """``RRT_{u_i}^{j+1}``: a copy of ``tree`` with one vertex per sub-query of a search ``step``
+    (its top-1 document) under the tip; any other step (stop, format error) adds nothing."""
+    grown = copy.deepcopy(tree)
+    if step.action != "search":
+        return grown
+    tip = grown.tip()
+    kinds = step.query_kinds or ["base"] * len(step.queries)
+    for query, kind, ranked in zip(step.queries, kinds, step.docs, strict=True):
+        tip.children.append(Node(query, kind, ranked[0] if ranked else None))
+    return grown
+
+
+def finished(tree: RetrievalTree, step: Step) -> bool:
+    """Algorithm 1's exit: every gold document is in the tree and the response stops."""
+    return step.action == "stop" and len(tree.found_titles()) >= len(
+        {normalize_title(t) for t in tree.gold_titles}
+    )
 
 
 def prune(tree: RetrievalTree, gold_titles: Sequence[str] | None = None) -> RetrievalTree:
@@ -127,66 +137,60 @@ def prune(tree: RetrievalTree, gold_titles: Sequence[str] | None = None) -> Retr
     gold = {normalize_title(t) for t in (tree.gold_titles if gold_titles is None else gold_titles)}
 
     def keep(node: Node) -> Node:
-        children = [keep(c) for c in node.children if c.hits(gold)]
-        return Node(node.query, node.kind, node.doc, children, node.closed)
+        return Node(node.query, node.kind, node.doc, [keep(c) for c in node.children if c.hits(gold)])
 
     return RetrievalTree(tree.question, list(tree.gold_titles), keep(tree.root), tree.question_id)
 
 
-def grow_forest(forest: Forest, level: Sequence[Sequence[Sequence[Step]]], l_max: int = L_MAX) -> Forest:
-    """The next forest: one pruned tree per tree and sample, identical trees kept once (module doc).
+def grow_forest(forest: Forest, level: Sequence[Sequence[Step]]) -> tuple[Forest, int]:
+    """One batch's share of ``RR-Forest^{j+1}`` and how many of its responses finished their tree.
 
-    ``level[i][j]`` holds the ``G`` sampled expansions of ``forest[i].frontier(l_max)[j]``; every
-    leaf of a tree has the same ``G``. The input forest is not modified.
+    ``level[i]`` holds the ``G`` responses to ``forest[i]``. Each response's tree (:func:`expand`)
+    leaves the forest if :func:`finished`, else is pruned and kept, identical trees once. The input
+    forest is not modified.
     """
     if len(level) != len(forest):
-        raise ValueError(f"{len(level)} expansion lists for {len(forest)} trees")
+        raise ValueError(f"{len(level)} response lists for {len(forest)} trees")
     grown: Forest = []
+    done = 0
+    for tree, responses in zip(forest, level, strict=True):
+        for step in responses:
+            child = expand(tree, step)
+            if finished(child, step):
+                done += 1
+                continue
+            grown.append(prune(child))
+    return survivors(grown), done
+
+
+def survivors(forest: Forest, width: int | None = None) -> Forest:
+    """The forest as a set (identical trees of a question once, first kept); with ``width``, at
+    most that many trees per question, the ones holding the most gold first (ties in forest order)."""
     seen: set[tuple[Any, ...]] = set()
-    for tree, groups in zip(forest, level, strict=True):
-        sizes = {len(g) for g in groups}
-        if len(sizes) > 1:
-            raise ValueError(f"the leaves of {tree.question!r} have groups of sizes {sorted(sizes)}")
-        for s in range(sizes.pop() if sizes else 0):
-            sample = copy.deepcopy(tree)
-            expand([sample], [[group[s] for group in groups]], l_max)
-            pruned = prune(sample)
-            key = (pruned.question_id, pruned.root.key())
-            if key not in seen:
-                seen.add(key)
-                grown.append(pruned)
-    return grown
-
-
-def survivors(forest: Forest, l_max: int = L_MAX, width: int | None = None) -> Forest:
-    """The trees that can still grow; with ``width``, at most that many per question, the ones
-    holding the most gold first (ties in forest order)."""
-    growing = [t for t in forest if t.frontier(l_max)]
+    unique: Forest = []
+    for tree in forest:
+        if tree.key() not in seen:
+            seen.add(tree.key())
+            unique.append(tree)
     if width is None:
-        return growing
-    ranked = sorted(range(len(growing)), key=lambda i: -len(growing[i].found_titles()))
+        return unique
+    ranked = sorted(range(len(unique)), key=lambda i: -len(unique[i].found_titles()))
     kept: dict[str, int] = {}
     keep = set()
     for i in ranked:
-        qid = growing[i].question_id
+        qid = unique[i].question_id
         if kept.get(qid, 0) < width:
             kept[qid] = kept.get(qid, 0) + 1
             keep.add(i)
-    return [t for i, t in enumerate(growing) if i in keep]
+    return [t for i, t in enumerate(unique) if i in keep]
 
 
 def context(tree: RetrievalTree) -> str:
-    """The tree's branches as indented text, one line per node, for the next round's prompt."""
-    lines: list[str] = []
-
-    def walk(node: Node, depth: int) -> None:
+    """The tree's branches as indented text, one line per vertex (logs and reports)."""
+    lines = []
+    for node, depth in tree.nodes():
         doc = f"{node.doc.title}: {node.doc.text}" if node.doc else "(nothing retrieved)"
-        lines.append(f"{'  ' * depth}- [{node.kind}] {node.query} -> {doc}")
-        for child in node.children:
-            walk(child, depth + 1)
-
-    for child in tree.root.children:
-        walk(child, 0)
+        lines.append(f"{'  ' * (depth - 1)}- [{node.kind}] {node.query} -> {doc}")
     return "\n".join(lines)
 
 
@@ -194,7 +198,6 @@ def node_to_dict(node: Node) -> dict[str, Any]:
     return {
         "query": node.query,
         "kind": node.kind,
-        "closed": node.closed,
         "doc": node.doc.model_dump() if node.doc else None,
         "children": [node_to_dict(c) for c in node.children],
     }
@@ -202,8 +205,7 @@ def node_to_dict(node: Node) -> dict[str, Any]:
 
 def node_from_dict(data: dict[str, Any]) -> Node:
     doc = RetrievedDoc.model_validate(data["doc"]) if data["doc"] else None
-    children = [node_from_dict(c) for c in data["children"]]
-    return Node(data["query"], data["kind"], doc, children, data["closed"])
+    return Node(data["query"], data["kind"], doc, [node_from_dict(c) for c in data["children"]])
 
 
 def tree_to_dict(tree: RetrievalTree) -> dict[str, Any]:

@@ -34,9 +34,11 @@ from hoprl.recipes.r2ag import (
     RetrievalTree,
     average_precision,
     context,
+    documents,
     episode_return,
     episode_step_rewards,
     expand,
+    finished,
     grow_forest,
     parse_expansion,
     prune,
@@ -313,7 +315,7 @@ def test_reward_funcs_versions_and_values() -> None:
 
 
 def node(title: str, *children: Node) -> Node:
-    return Node(f"q {title}", "base", doc(title), list(children), closed=bool(children))
+    return Node(f"q {title}", "base", doc(title), list(children))
 
 
 def paths(tree: RetrievalTree) -> set[tuple[str, ...]]:
@@ -336,71 +338,66 @@ def test_prune_keeps_only_branches_that_hit_gold() -> None:
         node("A", node("x1"), node("B")),  # the non-hit child x1 of the hit A is cut
         node("x2", node("B")),  # a miss is cut with everything under it
         node("x3"),
-    ], closed=True)  # fmt: skip
+    ])  # fmt: skip
     tree = RetrievalTree("?", ["A", "B"], root, "q")
     pruned = prune(tree)
     assert paths(pruned) == {("A", "B")}
-    assert [n.doc.title for n in pruned.frontier() if n.doc] == ["B"]  # x1 is never expanded
     assert len(paths(tree)) == 4  # the original is untouched
     assert prune(tree, ["z"]).root.children == []
 
 
-def test_every_samples_pruned_tree_propagates() -> None:
-    """Round 1 with G = 4 samples of the root: two hit different gold documents, one repeats the
-    first (kept once), one stops. The next forest holds one tree per distinct surviving sample,
-    not only the best sample's."""
+def test_algorithm_1_every_unfinished_response_makes_a_tree_of_the_next_forest() -> None:
+    """Algorithm 1 at level 0 for one tree (the root) and G = 5 responses: each response extends
+    the tree (RRT_{u_i}^{1}); as none holds both gold documents and stops, each is pruned to its
+    gold branches and kept, including the early stop and the miss (the root alone: App. B.1
+    propagates "RRTs that ... contain no accurate branches at all"). The forest is a set: the
+    third response prunes to the first's tree, the miss to the stop's."""
     forest = [RetrievalTree("?", ["A", "B"], Node("?", "question"), "q")]
-    samples = [
+    responses = [
         expansion(1, ("base", "A"), ("base", "x")),
         expansion(1, ("predicted", "B")),
-        expansion(1, ("base", "A"), ("base", "y")),  # prunes to the same tree as sample 0
-        stop(1),
+        expansion(1, ("base", "A"), ("base", "y")),  # prunes to the same tree as response 0
+        stop(1),  # early: reward 0 (App. B.2), and the tree stays in the forest
+        expansion(1, ("base", "x")),  # no gold: the root alone, like the stop's
     ]
-    grown = grow_forest(forest, [[samples]])
+    grown, done = grow_forest(forest, [responses])
+    assert done == 0
     assert [paths(t) for t in grown] == [{("A",)}, {("B",)}, set()]
     assert forest[0].root.children == []  # the input forest is not modified
-    nxt = survivors(grown)
-    assert [[n.query for n in t.frontier()] for t in nxt] == [["q A"], ["q B"]]
-    assert grown[2].frontier() == []  # the stopped sample's tree is closed
-    # round 2 on the A tree: sample 0 hits B below A, sample 1 misses; a miss is not retried
-    level2 = grow_forest([nxt[0]], [[[expansion(2, ("base", "B")), expansion(2, ("base", "x"))]]])
-    assert [paths(t) for t in level2] == [{("A", "B")}, {("A",)}]
-    assert level2[1].frontier() == []
-    assert level2[0].found_titles() == ["a", "b"]
+    assert [documents(t) for t in grown] == [[doc("A")], [doc("B")], []]
 
 
-def test_grow_forest_combines_sample_s_of_every_leaf() -> None:
-    tree = RetrievalTree("?", ["A", "B", "C"], Node("?", "question", None, [node("A"), node("B")], True), "q")
-    level = [[[expansion(2, ("base", "C")), stop(2)], [stop(2), expansion(2, ("base", "C"))]]]
-    grown = grow_forest([tree], level)
-    assert [paths(t) for t in grown] == [{("A", "C"), ("B",)}, {("A",), ("B", "C")}]
-    with pytest.raises(ValueError, match="sizes"):
-        grow_forest([tree], [[[stop(2)], [stop(2), stop(2)]]])
+def test_a_tree_holding_every_gold_document_leaves_the_forest_only_on_a_stop() -> None:
+    """Algorithm 1's exit: |r~ ∩ g| = |g| and stop. The same full tree stays when the response
+    searches on (it must still learn to stop), and a partial tree stays after a stop."""
+    full = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A", node("B"))]), "q")
+    grown, done = grow_forest([full], [[stop(3), expansion(3, ("base", "x"))]])
+    assert done == 1 and [paths(t) for t in grown] == [{("A", "B")}]
+    assert finished(full, stop(3)) and not finished(full, expansion(3, ("base", "x")))
+    partial = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A")]), "q")
+    assert not finished(partial, stop(2))
 
 
-def test_survivors_width_keeps_the_most_gold_first() -> None:
-    one = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A")], True), "q")
-    two = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A"), node("B")], True), "q")
-    other = RetrievalTree("?", ["C"], Node("?", "question", None, [node("C")], True), "r")
+def test_new_vertices_hang_under_the_tip_and_the_prompt_reads_the_trees_documents() -> None:
+    tree = RetrievalTree("?", ["A", "B", "C"], Node("?", "question", None, [node("A")]), "q")
+    grown = expand(tree, expansion(2, ("base", "B"), ("predicted", "C")))
+    assert paths(grown) == {("A", "B"), ("A", "C")} and paths(tree) == {("A",)}
+    assert [d.title for d in documents(grown)] == ["A", "B", "C"]
+    assert expand(tree, stop(2)).root.key() == tree.root.key()  # a stop adds nothing
+    # the next level hangs under the first deepest vertex, B
+    assert paths(expand(grown, expansion(3, ("base", "D")))) == {("A", "B", "D"), ("A", "C")}
+
+
+def test_survivors_is_a_set_and_width_keeps_the_most_gold_first() -> None:
+    one = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A")]), "q")
+    two = RetrievalTree("?", ["A", "B"], Node("?", "question", None, [node("A"), node("B")]), "q")
+    other = RetrievalTree("?", ["C"], Node("?", "question", None, [node("C")]), "r")
     assert survivors([one, two, other], width=1) == [two, other]
-    assert survivors([one, two, other]) == [one, two, other]
-
-
-def test_expand_closes_expanded_leaves_up_to_l_max() -> None:
-    tree = RetrievalTree("?", ["A", "B"], Node("?", "question"))
-    assert expand([tree], [[expansion(1, ("base", "A"), ("predicted", "x"))]]) == 2
-    assert tree.root.closed and [n.kind for n in tree.frontier()] == ["base", "predicted"]
-    assert expand([tree], [[expansion(2, ("base", "B")), stop(2)]]) == 1
-    assert [n.query for n in tree.frontier()] == ["q B"]
-    with pytest.raises(ValueError, match="2 expansions for 1 frontier"):
-        expand([tree], [[stop(3), stop(3)]])
-    for level in range(3, 6):
-        expand([tree], [[expansion(level, ("base", f"y{level}"))]])
-    assert tree.frontier() == []  # five levels below the question: L_MAX reached
+    assert survivors([one, two, other, prune(one)]) == [one, two, other]
 
 
 def test_context_renders_surviving_branches() -> None:
-    root = Node("question", "question", None, [node("A", node("x1")), node("x3")], True)
+    root = Node("question", "question", None, [node("A", node("x1")), node("x3")])
     text = context(prune(RetrievalTree("?", ["A"], root)))
     assert "- [base] q A -> A: text of A" in text
     assert "x1" not in text and "x3" not in text

@@ -421,8 +421,9 @@ def test_per_step_needs_step_rewards(
                      advantage="per_step")  # fmt: skip
 
 
-def test_evo_rag_jobs_default_to_per_step_advantages() -> None:
-    assert Hyperparameters().resolved("evo-rag").advantage == "per_step"
+def test_evo_rag_jobs_default_to_sibling_advantages() -> None:
+    assert Hyperparameters().resolved("evo-rag").advantage == "siblings"
+    assert Hyperparameters(advantage="per_step").resolved("evo-rag").advantage == "per_step"
     assert Hyperparameters().resolved("search-r1").advantage == "sequence"
     assert Hyperparameters(advantage="sequence").resolved("evo-rag").advantage == "sequence"
 

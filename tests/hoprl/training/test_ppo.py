@@ -258,3 +258,40 @@ def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: 
     assert isinstance(trainer.value_head, ValueModel) and trainer.ppo.kl_coef == 0.001
     assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-6, 1e-5]
     assert trainer.ref is not None  # the KL needs the frozen reference
+
+
+def test_critic_model_is_its_own_smaller_network_and_both_move(
+    tiny_model: str, tokenizer: Any, samples: list[PPOSample], tmp_path: Path
+) -> None:
+    """EVO-RAG App. C Table 10 names a separate, smaller critic (Qwen2.5-0.5B beside an 8B policy).
+    Here a 1-layer, width-32 body of the policy's tokenizer stands in for it: the critic holds no
+    policy parameter, has its own width, and one PPO step changes the critic's weights and the policy's."""
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(1)
+    small = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    LlamaModel(small).save_pretrained(tmp_path / "critic")
+    tokenizer.save_pretrained(tmp_path / "critic")
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model)
+    config = PPOConfig(critic_model=str(tmp_path / "critic"), ppo_epochs=1, mini_batch_size=4, kl_coef=0.0)
+    critic = make_critic(policy, config.critic, config.critic_model, tokenizer)
+    assert isinstance(critic, ValueModel) and critic.body.config.hidden_size == 32
+    assert {id(p) for p in policy.parameters()}.isdisjoint(id(p) for p in critic.parameters())
+    before_critic = {k: v.clone() for k, v in critic.state_dict().items()}
+    before_policy = {k: v.clone() for k, v in policy.state_dict().items()}
+    ppo_step(policy, critic, None, ppo_optimizer(policy, critic, config), samples, config)
+    assert any(not torch.equal(v, before_critic[k]) for k, v in critic.state_dict().items() if "body" in k)
+    assert not torch.equal(critic.head.linear.weight, before_critic["head.linear.weight"])
+    assert any(not torch.equal(v, before_policy[k]) for k, v in policy.state_dict().items())
+
+
+def test_a_critic_of_another_tokenizer_is_refused(tiny_model: str, tmp_path: Path) -> None:
+    """The critic reads the policy's token ids, so a critic_model of another vocabulary is an error."""
+    other = AutoTokenizer.from_pretrained(tiny_model)
+    other.add_tokens(["<not-in-the-policy>"])
+    other.save_pretrained(tmp_path / "other")
+    AutoModelForCausalLM.from_pretrained(tiny_model).model.save_pretrained(tmp_path / "other")
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with pytest.raises(ValueError, match="another tokenizer"):
+        make_critic(policy, "separate", tmp_path / "other", AutoTokenizer.from_pretrained(tiny_model))

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from hoprl.agent.trajectory import Episode
 from hoprl.data.jsonl import write_questions
 from hoprl.recipes import RECIPES
 from hoprl.recipes.base import Action
@@ -151,3 +152,25 @@ def test_episodes_from(env: Env, ppo_run: str, tiny_model: str,
     assert changed(tiny_model, registry.checkpoints(run_id)[-1].path) == (sum(pairs) > 0)
     with pytest.raises(ValueError, match="not a run"):
         run(env, tiny_model, collection, "ppo", steps=1, episodes_from="job-missing")
+
+
+def test_sibling_grpo_job(env: Env, tiny_model: str, collection: str) -> None:
+    """EVO-RAG's GRPO (the recipe's default advantage, siblings; §3.4, App. A.5, Table 10 n = 1):
+    one episode per question, SAMPLES - 1 siblings recorded beside every step, one sibling group
+    per step; the groups with spread train the policy and feed the preference model's pairs."""
+    registry = env[1]
+    run_id = run(env, tiny_model, collection, "grpo", steps=1)
+    assert registry.get_run(run_id).config["hyperparameters"]["advantage"] == "siblings"  # type: ignore[union-attr]
+    rows = registry.episodes(run_id, step=1)
+    assert len(rows) == GROUPS  # one episode per question, not a group of SAMPLES
+    episodes = [Episode.model_validate(r.trajectory) for r in rows]
+    for episode in episodes:
+        assert sorted(episode.meta["siblings"]) == [str(s.t) for s in episode.steps]
+        assert all(len(others) == SAMPLES - 1 for others in episode.meta["siblings"].values())
+    metrics = registry.latest_metrics(run_id)
+    assert metrics["siblings/groups"] == sum(len(e.steps) for e in episodes)
+    assert metrics["siblings/rows"] > 0 and "loss" in metrics, "no sibling group had spread"
+    assert metrics["preference/train_pairs"] + metrics["preference/eval_pairs"] > 0
+    checkpoint = Path(registry.checkpoints(run_id)[-1].path)
+    assert changed(tiny_model, str(checkpoint))
+    assert json.loads((checkpoint / STATE_FILE).read_text())["loop"] == "siblings-grpo"  # resumes as itself

@@ -190,6 +190,9 @@ def test_the_projects_own_loops_refuse_vllm_and_deepspeed(settings: TrainerSetti
     ppo = JobRequest(recipe="evo-rag", objective="ppo", hyperparameters=Hyperparameters(distributed="zero3"))
     assert loop_problem(ppo, ppo.hyperparameters)[:2] == ("distributed", "distributed_unsupported")  # type: ignore[index]
     evo = JobRequest(recipe="evo-rag", objective="grpo", hyperparameters=Hyperparameters(processes=2))
-    assert (
-        loop_problem(evo, evo.hyperparameters.resolved("evo-rag", "grpo")) is None
-    )  # preference model: rank 0
+    # EVO-RAG's sibling GRPO (its default) is the project's own loop; per_step runs in TRL's
+    assert loop_problem(evo, evo.hyperparameters.resolved("evo-rag", "grpo"))[:2] == (  # type: ignore[index]
+        "processes", "processes_unsupported",
+    )  # fmt: skip
+    per_step = Hyperparameters(processes=2, advantage="per_step")
+    assert loop_problem(evo, per_step.resolved("evo-rag", "grpo")) is None  # preference model: rank 0
