@@ -1,0 +1,93 @@
+"""When a constrained step may only end the episode: the runner's accounting, computed by hand.
+
+The runner (hoprl.agent.runner) grants each call ``min(step_tokens, token_budget - used)`` tokens,
+``used`` being the context growth its last call reported, and stops only when nothing is left. An
+information block enters ``used`` on the call after it is injected, so the documents a search
+brings never shorten the very next call: a step may search when, after its longest search turn,
+the next call still holds a closing turn (``grown + longest + closing <= token_budget``).
+
+Token counts below are words (``count`` = words of the chat), so every size is visible in the test.
+The grammar sizes are the grammar module's own (tests/hoprl/agent/test_grammar.py pins them):
+when-to-search's longest segment is ``max_tokens - 1`` at 96 and 128 tokens and 165 from 256 on.
+"""
+
+from __future__ import annotations
+
+from hoprl.agent.grammar import grammar
+from hoprl.generation.chat import Constraint, EngineChat
+from hoprl.generation.engines import Generation
+
+FIRST = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+
+
+def words(messages: list[dict[str, str]]) -> int:
+    return sum(len(m["content"].split()) for m in messages)
+
+
+def after_search(messages: list[dict[str, str]], search: int, information: int) -> list[dict[str, str]]:
+    """The chat after a search turn of ``search`` words and an information block of ``information``."""
+    return [
+        *messages,
+        {"role": "assistant", "content": " ".join(["w"] * search)},
+        {"role": "user", "content": " ".join(["d"] * information)},
+    ]
+
+
+def searches(rule: object) -> bool:
+    return rule is not None and "<search>" in rule.lark  # type: ignore[attr-defined]
+
+
+def test_grammar_sizes_the_tests_rely_on() -> None:
+    assert grammar("when-to-search", max_tokens=96).longest == 95
+    assert grammar("when-to-search", max_tokens=128).longest == 127
+    assert grammar("when-to-search", max_tokens=8192).longest == 165
+
+
+def test_the_issue_shape_searches_at_step_one() -> None:
+    """make run's old served shape (128 tokens a step, 512 a episode): step 1 with nothing grown.
+    0 + 127 (search turn) + 127 (closing turn) = 254 <= 512: it may search. (The old rule added a
+    512-token guess of the documents: 0 + 127 + 512 + 127 = 766 > 512 forced every step to answer.)"""
+    chat = EngineChat(engine=None, constraint=Constraint("when-to-search", 4, 128, 512, words))  # type: ignore[arg-type]
+    assert searches(chat.rule(FIRST, 128))
+
+
+def test_the_demo_shape_searches_twice() -> None:
+    """The cpu preset's shape (96 tokens a step, 1152 a episode, 4 steps), with the largest
+    5-document block measured in the synthetic world (395 tokens) after each search of 95 tokens:
+
+    - step 2: grown = 95 + 395 = 490; 490 + 95 + 95 = 680 <= 1152: a second search is allowed (the
+      old rule: 490 + 95 + max(395, 512) + 95 = 1192 > 1152, forced to answer);
+    - step 3: grown = 2 * 490 = 980; 980 + 95 + 95 = 1170 > 1152: it must answer. The runner grants
+      that step min(96, 1152 - (490 + 95)) = 96 tokens (the second block is not yet counted), so the
+      closing turn fits.
+    """
+    chat = EngineChat(engine=None, constraint=Constraint("when-to-search", 4, 96, 1152, words))  # type: ignore[arg-type]
+    assert searches(chat.rule(FIRST, 96))
+    chat.calls.append(Generation(text="", finish_reason="stop", token_ids=[0] * 95))
+    second = after_search(FIRST, 95, 395)
+    assert searches(chat.rule(second, 96))
+    chat.calls.append(Generation(text="", finish_reason="stop", token_ids=[0] * 95))
+    third = chat.rule(after_search(second, 95, 395), 96)
+    assert third is not None and not searches(third) and "<answer>" in third.lark
+
+
+def test_the_boundary_at_the_demo_shape() -> None:
+    """1152 - 95 - 95 = 962: a chat grown by 962 tokens may still search, one grown by 963 may not."""
+    rule = Constraint("when-to-search", 4, 96, 1152, words)
+    assert searches(rule.grammar(FIRST, step=1, max_tokens=96, grown=962))
+    assert not searches(rule.grammar(FIRST, step=1, max_tokens=96, grown=963))
+    assert not searches(rule.grammar(FIRST, step=3, max_tokens=96, grown=0))  # the 4th step is the last
+
+
+def test_the_papers_shape() -> None:
+    """when-to-search's Table (max_turns 5, max_action_length 8192, max_response_length 16384,
+    max_obs_length 4096): after three searches of 165 tokens, each with a 4096-token observation,
+    grown = 3 * (165 + 4096) = 12783 and the runner grants min(8192, 16384 - (12783 - 4096)) = 7697.
+    12783 + 165 + 165 = 13113 <= 16384: the 4th step may search (a grant under 8192 is no reason to
+    close; the old rule closed on it, and on 12783 + 165 + 4096 + 165 = 17209 > 16384). At 16000
+    grown: 16000 + 330 = 16330 <= 16384 still searches; at 16055: 16385 > 16384 it answers."""
+    rule = Constraint("when-to-search", 5, 8192, 16384, words)
+    assert searches(rule.grammar(FIRST, step=3, max_tokens=7697, grown=12783))
+    assert searches(rule.grammar(FIRST, step=3, max_tokens=384, grown=16000))
+    assert not searches(rule.grammar(FIRST, step=3, max_tokens=329, grown=16055))
+    assert not searches(rule.grammar(FIRST, step=4, max_tokens=8192, grown=0))  # max_turns 5
