@@ -12,7 +12,8 @@ answers, the judge's accuracy (one ``judge_item`` unit per answer), retrieval co
 share of gold titles the agent retrieved. The pipeline uses the pair on the dev split between
 training segments::
 
-    collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever)
+    collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever,
+                     options={**job_episode_shape(request), "temperature": 0.0})
     score_rewards(run_id, 40, urls.judge, prefix="dev")   # {"dev/return": ..., "dev/em": ...}
 """
 
@@ -29,8 +30,8 @@ from hoprl.agent.trajectory import Episode
 from hoprl.data.jsonl import load_questions
 from hoprl.metrics.answer import exact_match
 
-# Episode shape of the pipeline's checks: the trainer's defaults (4 turns of 64 tokens), greedy.
-EPISODE = {"max_steps": 4, "max_new_tokens_per_step": 64, "token_budget": 512, "temperature": 0.0}
+#: the limits every collection names: a run's episode shape (hoprl.schemas.trainer.episode_shape)
+SHAPE_KEYS = ("max_steps", "max_new_tokens_per_step", "token_budget")
 
 
 @task
@@ -78,10 +79,16 @@ def collect_rollouts(
 
     Args:
         options: :class:`hoprl.agent.runner.RunOptions` fields plus ``model`` (the served model
-            id) and ``recipe_config`` (e.g. the curriculum stage); default :data:`EPISODE`.
+            id) and ``recipe_config`` (e.g. the curriculum stage). The episode's limits
+            (:data:`SHAPE_KEYS`) are required: they are the run's episode shape, never a default
+            of this flow's own (the dev checks pass the trainer's, :func:`flows.training.dev_check`).
 
     Returns ``{"sent", "written", "skipped"}``: units sent, episodes newly stored, already stored.
     """
+    missing = [k for k in SHAPE_KEYS if k not in (options or {})]
+    if missing:
+        raise ValueError(f"collect_rollouts needs the run's episode shape in options; missing {missing} "
+                         "(hoprl.schemas.trainer.episode_shape)")  # fmt: skip
     counts = send_rollouts(
         run_id,
         step,
@@ -92,7 +99,7 @@ def collect_rollouts(
         retriever_url,
         limit,
         samples,
-        {**EPISODE, **(options or {})},
+        dict(options or {}),
     )
     get_run_logger().info("run %s step %d: %s", run_id, step, counts)
     return counts

@@ -8,7 +8,8 @@ SFT warm start is segment zero. Between two segments the flow
 2. copies the job's training curves (``reward``, ``loss``, ``rewards/*``) into the run's metrics
    as ``train/<name>`` at global steps;
 3. checks the policy on dev: serves the checkpoint (``POST /v1/admin/checkpoint``), rolls out the
-   dev questions (:func:`flows.rollouts.collect_rollouts`) and scores them
+   dev questions greedily in the trainer's episode shape (:func:`dev_options`,
+   :func:`flows.rollouts.collect_rollouts`) and scores them
    (:func:`flows.rollouts.score_rewards`): ``dev/return``, ``dev/em``, ...;
 4. feeds the check to the recipe's own curriculum (when-to-search: switch at ``switch_step`` or
    on a plateau of the dev return; EVO-RAG: a plateau of the dev return's EMA), logs
@@ -39,6 +40,7 @@ from flows.stack import ServiceUrls, admin_token
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.trainer import TrainerClient
 from hoprl.recipes import get_recipe
+from hoprl.schemas.trainer import EVAL_TEMPERATURE, job_episode_shape
 
 COPIED_METRICS = ("reward", "loss", "kl", "reward_std")
 NEVER_SWITCH = 10**9
@@ -152,6 +154,17 @@ def warm_start(run_id: str, request: dict[str, Any], urls: ServiceUrls) -> dict[
     return {"checkpoint_id": row.id, "path": row.path, "step": 0}
 
 
+def dev_options(request: dict[str, Any], stage: Any, model: str) -> dict[str, Any]:
+    """A dev check's episodes: the trainer's episode shape for ``request`` (the function its
+    rollouts read, :func:`hoprl.schemas.trainer.job_episode_shape`), greedy, in curriculum ``stage``."""
+    recipe_config = {
+        **request["hyperparameters"].get("recipe_config", {}),
+        **stage_config(request["recipe"], stage),
+    }
+    return {**job_episode_shape(request), "temperature": EVAL_TEMPERATURE, "model": model,
+            "recipe_config": recipe_config}  # fmt: skip
+
+
 def dev_check(
     run_id: str,
     step: int,
@@ -165,10 +178,6 @@ def dev_check(
     logged = dict(registry().metric_series(run_id, "dev/return"))
     if step not in logged:
         model = serve_checkpoint(urls.policy, path)
-        recipe_config = {
-            **request["hyperparameters"].get("recipe_config", {}),
-            **stage_config(request["recipe"], stage),
-        }
         collect_rollouts(
             run_id,
             step,
@@ -178,7 +187,7 @@ def dev_check(
             urls.policy,
             urls.retriever,
             limit=dev["limit"],
-            options={"model": model, "recipe_config": recipe_config},
+            options=dev_options(request, stage, model),
         )
         logged[step] = score_rewards(run_id, step, urls.judge, prefix="dev")["dev/return"]
     return logged[step]

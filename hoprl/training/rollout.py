@@ -61,6 +61,7 @@ from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.baselines import generated_texts
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import EVAL_TEMPERATURE
 from hoprl.training import distributed
 from hoprl.training.hardware import bf16_mixed_precision
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
@@ -245,8 +246,9 @@ class AgentRollout:
         }
 
     def evaluate(self, questions: Sequence[Question]) -> float:
-        """Mean total reward of one episode per question with the current weights (curriculum
-        checks on a dev split); needs one training rollout first (it made the engine).
+        """Mean total reward of one greedy episode per question with the current weights (curriculum
+        checks on a dev split, in the rollouts' shape); needs one training rollout first (it made
+        the engine).
 
         Several processes: every rank runs its share of the questions (``rank::world``) and the
         totals are gathered, so every rank gets the same mean (every rank must call it).
@@ -262,13 +264,14 @@ class AgentRollout:
                 trainer._last_loaded_step = trainer.state.global_step
         else:
             model = engine.model
+        greedy = {**self.opts.episode, "temperature": EVAL_TEMPERATURE}  # as the flows' dev checks
 
         async def run() -> list[Episode]:
             retriever = AsyncRetrieverClient(self.opts.retriever_url)
             try:
                 return await run_episodes(
                     self.recipe, mine, EngineChat(engine), retriever, self.opts.collection,
-                    concurrency=self.opts.concurrency, **self.opts.episode,
+                    concurrency=self.opts.concurrency, **greedy,
                 )  # fmt: skip
             finally:
                 await retriever.aclose()
