@@ -32,6 +32,7 @@ from prefect import flow, get_run_logger, task
 
 from flows.report import publish_report
 from flows.runs import registry, run_dir
+from hoprl.agent.trajectory import cut_shares
 from hoprl.answer_eval import evaluate_answers
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
@@ -178,6 +179,7 @@ def evaluate(
         **summary,
         **retrieval,
         "judge_accuracy": sum(verdicts) / max(1, len(verdicts)),
+        **cut_shares([r["outcome"] for r in rows]),
         "label": label,
         "recipe": recipe,
         "collection": collection,
@@ -187,7 +189,8 @@ def evaluate(
         run_id, dataset or split, split, metrics, predictions(rows, verdicts), checkpoint=checkpoint_id
     )
     get_run_logger().info(
-        "evaluation %d (%s, %s): EM %.3f, F1 %.3f, judge %.3f, %.2f retrievals",
+        "evaluation %d (%s, %s): EM %.3f, F1 %.3f, judge %.3f, %.2f retrievals, cut by token budget %.2f "
+        "/ format error %.2f",
         evaluation_id,
         label,
         recipe,
@@ -195,6 +198,8 @@ def evaluate(
         metrics["f1"],
         metrics["judge_accuracy"],
         metrics["retrieval_count"],
+        metrics["ended/token_budget"],
+        metrics["ended/format_error"],
     )
     report = publish_report(run_id)
     return {"evaluation_id": evaluation_id, "metrics": metrics, "report": report}

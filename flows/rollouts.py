@@ -9,7 +9,8 @@ twice writes once, so collecting the same step again (a resumed pipeline) adds n
 ``score_rewards`` reads a step's stored episodes back and turns them into the step's metrics:
 the mean of every reward signal and of the total (the *return*), exact match of the final
 answers, the judge's accuracy (one ``judge_item`` unit per answer), retrieval count and the
-share of gold titles the agent retrieved. The pipeline uses the pair on the dev split between
+share of gold titles the agent retrieved, and the shares of episodes cut by the token budget, a
+format error or the step cap (``ended/*``). The pipeline uses the pair on the dev split between
 training segments::
 
     collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever,
@@ -26,7 +27,7 @@ from prefect import flow, get_run_logger, task
 
 from flows.fanout import fan_out, judge_item, rollout_episode
 from flows.runs import registry
-from hoprl.agent.trajectory import Episode
+from hoprl.agent.trajectory import Episode, cut_shares
 from hoprl.data.jsonl import load_questions
 from hoprl.metrics.answer import exact_match
 
@@ -163,6 +164,7 @@ def episode_metrics(run_id: str, step: int, judge_url: str, prefix: str) -> dict
         "retrieval_count": mean([float(e.retrieval_count) for e in episodes]),
         "title_recall": mean(recalls),
         "episodes": float(len(episodes)),
+        **cut_shares([e.outcome for e in episodes]),
     }
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
@@ -178,11 +180,13 @@ def score_rewards(run_id: str, step: int, judge_url: str, prefix: str = "rollout
     metrics = episode_metrics(run_id, step, judge_url, prefix)
     registry().log_metrics(run_id, step, metrics)
     get_run_logger().info(
-        "run %s step %d: return %.3f, EM %.3f, judge %.3f",
+        "run %s step %d: return %.3f, EM %.3f, judge %.3f, cut by token budget %.2f / format error %.2f",
         run_id,
         step,
         metrics[f"{prefix}/return"],
         metrics[f"{prefix}/em"],
         metrics[f"{prefix}/judge_accuracy"],
+        metrics[f"{prefix}/ended/token_budget"],
+        metrics[f"{prefix}/ended/format_error"],
     )
     return metrics

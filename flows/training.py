@@ -5,8 +5,8 @@ the trainer service (``POST /v1/jobs``) that starts from the previous segment's 
 SFT warm start is segment zero. Between two segments the flow
 
 1. registers the segment's checkpoint on the pipeline run at its global step;
-2. copies the job's training curves (``reward``, ``loss``, ``rewards/*``) into the run's metrics
-   as ``train/<name>`` at global steps;
+2. copies the job's training curves (``reward``, ``reward_std``, ``loss``, ``rewards/*``, the
+   shares of episodes cut ``ended/*``) into the run's metrics as ``train/<name>`` at global steps;
 3. checks the policy on dev: serves the checkpoint (``POST /v1/admin/checkpoint``), rolls out the
    dev questions greedily in the trainer's episode shape (:func:`dev_options`,
    :func:`flows.rollouts.collect_rollouts`) and scores them
@@ -42,7 +42,8 @@ from hoprl.clients.trainer import TrainerClient
 from hoprl.recipes import get_recipe
 from hoprl.schemas.trainer import EVAL_TEMPERATURE, job_episode_shape
 
-COPIED_METRICS = ("reward", "loss", "kl", "reward_std")
+COPIED_METRICS = ("reward", "loss", "kl", "reward_std", "searches")
+COPIED_PREFIXES = ("rewards/", "ended/")  # reward components; shares of episodes cut (token budget, ...)
 NEVER_SWITCH = 10**9
 
 
@@ -121,7 +122,7 @@ def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: st
 def copy_curves(run_id: str, job_id: str, offset: int) -> None:
     """The job's per-step training metrics as the run's ``train/<name>`` at global steps."""
     reg = registry()
-    names = [n for n in reg.latest_metrics(job_id) if n in COPIED_METRICS or n.startswith("rewards/")]
+    names = [n for n in reg.latest_metrics(job_id) if n in COPIED_METRICS or n.startswith(COPIED_PREFIXES)]
     by_step: dict[int, dict[str, float]] = {}
     for name in names:
         for step, value in reg.metric_series(job_id, name):

@@ -54,7 +54,7 @@ import torch
 
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode
+from hoprl.agent.trajectory import Episode, cut_shares
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.transformers_engine import TransformersEngine
@@ -138,11 +138,13 @@ def score(reward_funcs: Sequence[Any], weights: Sequence[float], episodes: list[
 
 
 def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Per-episode means logged with each step: seconds spent retrieving and generating, and
-    ``searches`` (retrievals; when-to-search's stage 2 should lower it)."""
+    """Per-episode means logged with each step: seconds spent retrieving and generating,
+    ``searches`` (retrievals; when-to-search's stage 2 should lower it) and the shares of episodes
+    cut by the token budget, a format error or the step cap (``ended/*``: :func:`cut_shares`)."""
     n = max(len(episodes), 1)
     stats = {f"{k}_s": sum(e.timings.get(k, 0.0) for e in episodes) / n for k in ("retrieval", "generation")}
-    return stats | {"searches": sum(e.retrieval_count for e in episodes) / n}
+    searches = {"searches": sum(e.retrieval_count for e in episodes) / n}
+    return stats | searches | cut_shares([e.outcome for e in episodes])
 
 
 @dataclass
