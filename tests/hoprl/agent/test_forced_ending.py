@@ -6,16 +6,29 @@ information block enters ``used`` on the call after it is injected, so the docum
 brings never shorten the very next call: a step may search when, after its longest search turn,
 the next call still holds a closing turn (``grown + longest + closing <= token_budget``).
 
-Token counts below are words (``count`` = words of the chat), so every size is visible in the test.
+The hand-computed tests count words (``count`` = words of the chat), so every size is visible; the
+last one counts real tokens (SmolLM2's template) and checks real grammars with llguidance.
 The grammar sizes are the grammar module's own (tests/hoprl/agent/test_grammar.py pins them):
 when-to-search's longest segment is ``max_tokens - 1`` at 96 and 128 tokens and 165 from 256 on.
 """
 
 from __future__ import annotations
 
-from hoprl.agent.grammar import grammar
-from hoprl.generation.chat import Constraint, EngineChat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hoprl.agent.grammar import Turn, grammar
+from hoprl.agent.trajectory import RetrievedDoc
+from hoprl.data.synthetic import generate, hops_for
+from hoprl.generation.chat import Constraint, EngineChat, chat_tokens
 from hoprl.generation.engines import Generation
+from hoprl.generation.model import resolve_model
+from hoprl.recipes import get_recipe
+from hoprl.schemas import Question
+
+ROOT = Path(__file__).resolve().parents[3]
 
 FIRST = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
 
@@ -91,3 +104,82 @@ def test_the_papers_shape() -> None:
     assert searches(rule.grammar(FIRST, step=3, max_tokens=384, grown=16000))
     assert not searches(rule.grammar(FIRST, step=3, max_tokens=329, grown=16055))
     assert not searches(rule.grammar(FIRST, step=4, max_tokens=8192, grown=0))  # max_turns 5
+
+
+# -- an in-grammar checkpoint decodes the same constrained and free -----------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """The bundled model's tokenizer (the dense copy is converted from its GGUF file once, ~20 s)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model(None, ROOT / ".hoprl/models/smollm2-135m-instruct"))
+
+
+def expert_chats(question: Question, recipe: Any) -> list[tuple[list[dict[str, str]], str]]:
+    """Each step of when-to-search's expert episode: the chat before it and the text it writes.
+    After the i-th search the information block holds 5 documents (the recipe's top-k): the hop's
+    gold paragraph and the question's other paragraphs, in the recipe's own format."""
+    segments, hops = recipe.expert_segments(question), hops_for(question)
+    chat, out = recipe.messages(question), []
+    for i, text in enumerate(segments):
+        out.append((chat, text))
+        gold = [p for p in question.paragraphs if p.title == hops[min(i, len(hops) - 1)].title]
+        others = [p for p in question.paragraphs if p not in gold]
+        docs = [RetrievedDoc(id=p.title, title=p.title, text=p.text, score=1.0) for p in (gold + others)[:5]]
+        info = recipe.information([docs])
+        chat = [*chat, {"role": "assistant", "content": text}, {"role": "user", "content": info}]
+    return out
+
+
+def admits(matcher_tokenizer: Any, lark: str, ids: list[int]) -> bool:
+    """Whether the grammar admits exactly these tokens (every one allowed, and it may end there)."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(matcher_tokenizer, lark, log_level=0)
+    return bool(matcher.consume_tokens(ids)) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(("step_tokens", "budget"), [(128, 1152), (256, 1400)])
+def test_an_in_grammar_checkpoint_decodes_the_same_constrained(
+    tokenizer: Any, step_tokens: int, budget: int
+) -> None:
+    """A checkpoint whose free output is the expert's (the SFT target) and in the recipe's grammar
+    (each step admitted by the unforced turn's grammar at its grant) writes, at every step, text the
+    grammar the constraint picks admits token by token, so greedy decoding under it chooses the same
+    tokens: constrained and free decoding give the same episode. Four steps within make run's 1152
+    tokens at 128 a step, and at 256 (the grammar's full caps) within 1400, on the synthetic world's
+    two- and three-hop questions that fit 4 steps: a three-hop episode's third search comes at
+    ~600-900 grown tokens, where the old 512-token guess (e.g. 700 + 127 + 512 + 127 > 1152) forced
+    an answer the checkpoint would not write. (At 96 a step the grammar's own caps, not the forced
+    ending, reject most expert steps, e.g. a reflection over 15 tokens: make run serves free.)"""
+    import llguidance.hf
+
+    matcher_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+    recipe = get_recipe("when-to-search")
+    count = chat_tokens(tokenizer)
+    questions = [q for q in generate(seed=0)["test"] if q.answers and len(recipe.expert_segments(q)) <= 4]
+    tested = {3: 0, 4: 0}  # in-grammar episodes checked, by steps
+    for question in questions[:40]:
+        steps = expert_chats(question, recipe)
+        used, plan = 0, []  # the runner's accounting: growth at the last call + its completion
+        for messages, text in steps:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            grant = min(step_tokens, budget - used)
+            assert len(ids) <= grant, (question.question, text)  # the free episode is never cut
+            plan.append((messages, ids, grant))
+            used = count(messages) - count(steps[0][0]) + len(ids)
+        free = [
+            grammar("when-to-search", max_tokens=g, turn=Turn(i > 0, False))
+            for i, (_, _, g) in enumerate(plan)
+        ]
+        if not all(admits(matcher_tokenizer, f.lark, ids) for f, (_, ids, _) in zip(free, plan, strict=True)):
+            continue  # not an in-grammar checkpoint's episode
+        tested[len(steps)] += 1
+        chat = EngineChat(engine=None, constraint=Constraint("when-to-search", 4, step_tokens, budget, count))  # type: ignore[arg-type]
+        for messages, ids, grant in plan:
+            rule = chat.rule(messages, grant)
+            assert rule is not None and admits(matcher_tokenizer, rule.lark, ids), (question.question, rule)
+            chat.calls.append(Generation(text="", finish_reason="stop", token_ids=ids))
+    assert tested[3] >= 3 and tested[4] >= 1, tested  # two- and three-hop episodes among them
