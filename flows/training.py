@@ -21,8 +21,9 @@ registered is not trained again, a check whose ``dev/em`` is logged is not rolle
 the curriculum replays the logged dev returns. A segment killed midway is resumed from its job's
 latest checkpoint: the segment's job id is kept in ``<run folder>/jobs/segments.json``.
 
-Known gap: the trainer restarts a job's curriculum in stage 1; a stage-2 segment of when-to-search
-is forced with ``switch_step=0``, so its first step still uses stage-1 rewards.
+A stage-2 segment of when-to-search is a job with ``switch_step=0``, whose curriculum starts in
+stage 2 (:class:`hoprl.recipes.when_to_search.Curriculum`): its first step trains on stage-2
+rewards, so even a one-step segment trains in stage 2.
 """
 
 from __future__ import annotations
