@@ -40,6 +40,7 @@ from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.registry import Prediction
+from hoprl.schemas import Question
 from hoprl.schemas.judge import AnswerItem
 
 KS = (2, 5, 10)
@@ -66,8 +67,7 @@ SUMMARY_KEYS = (
 
 @task(retries=1, retry_delay_seconds=10)
 def answer_questions(
-    questions_path: str,
-    limit: int | None,
+    questions: list[Question],
     recipe: str,
     collection: str,
     policy_url: str,
@@ -76,7 +76,6 @@ def answer_questions(
     repeatable: bool = False,
 ) -> dict[str, Any]:
     """Ask the policy every question; write the per-question rows to ``out``, return the summary."""
-    questions = load_questions(questions_path, limit)
     report = evaluate_answers(policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report["predictions"], indent=1))
@@ -84,16 +83,14 @@ def answer_questions(
 
 
 @task(retries=2, retry_delay_seconds=5)
-def judge_answers(
-    predictions_path: str, questions_path: str, limit: int | None, judge_url: str
-) -> list[bool]:
+def judge_answers(predictions_path: str, questions: list[Question], judge_url: str) -> list[bool]:
     """One verdict per prediction; refusing an unanswerable question is correct."""
     rows = json.loads(Path(predictions_path).read_text())
-    questions = {q.id: q for q in load_questions(questions_path, limit)}
+    by_question = {q.id: q for q in questions}
     graded = [r for r in rows if r["answers"]]
     items = [
         AnswerItem(
-            question=questions[r["id"]].question, prediction=r["prediction"] or "", references=r["answers"]
+            question=by_question[r["id"]].question, prediction=r["prediction"] or "", references=r["answers"]
         )
         for r in graded
     ]
@@ -108,20 +105,18 @@ def judge_answers(
 
 
 @task(retries=2, retry_delay_seconds=5)
-def retrieval_metrics(
-    questions_path: str, limit: int | None, collection: str, retriever_url: str
-) -> dict[str, float]:
+def retrieval_metrics(questions: list[Question], collection: str, retriever_url: str) -> dict[str, float]:
     """Recall@K / Full-Recall@K / mAP of a hybrid search with each question as the query.
 
     A chunk counts as its paragraph (ids ``<doc id>#<n>``), at its best rank.
     """
-    questions = [q for q in load_questions(questions_path, limit) if gold_ids(q)]
-    if not questions:
+    graded = [q for q in questions if gold_ids(q)]
+    if not graded:
         return {}
     with RetrieverClient(retriever_url) as client:
-        hits = client.search(collection, [q.question for q in questions], top_k=max(KS), mode="hybrid")
+        hits = client.search(collection, [q.question for q in graded], top_k=max(KS), mode="hybrid")
     rankings = [list(dict.fromkeys(h.id.split("#")[0] for h in row)) for row in hits]
-    report = retrieval_report(rankings, [gold_ids(q) for q in questions], KS)
+    report = retrieval_report(rankings, [gold_ids(q) for q in graded], KS)
     return {k: v for k, v in report.items() if k != "questions"}
 
 
@@ -169,11 +164,10 @@ def evaluate(
     """
     split = Path(questions_path).stem
     out = run_dir(run_id) / "evals" / f"{label.replace('/', '-')}.json"
-    summary = answer_questions(
-        questions_path, limit, recipe, collection, policy_url, retriever_url, str(out), repeatable
-    )
-    verdicts = judge_answers(str(out), questions_path, limit, judge_url)
-    retrieval = retrieval_metrics(questions_path, limit, collection, retriever_url)
+    questions = load_questions(questions_path, limit)  # read once; every metric scores these
+    summary = answer_questions(questions, recipe, collection, policy_url, retriever_url, str(out), repeatable)
+    verdicts = judge_answers(str(out), questions, judge_url)
+    retrieval = retrieval_metrics(questions, collection, retriever_url)
     rows = json.loads(out.read_text())
     metrics = {
         **summary,

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from flows.evaluate import judge_answers, predictions
-from hoprl.data.jsonl import write_questions
 from hoprl.schemas import Question
 
 
@@ -17,7 +16,6 @@ def test_refusing_an_unanswerable_question_is_correct(tmp_path: Path) -> None:
     questions = [
         Question(id=f"u{i}", dataset="tiny", split="test", question="Who?", answers=[]) for i in range(2)
     ]
-    write_questions(tmp_path / "q.jsonl", questions)
     rows = [
         {"id": "u0", "prediction": None, "answers": [], "outcome": "refuse", "em": 0.0, "f1": 0.0,
          "retrievals": 1, "latency_s": 0.5},
@@ -26,8 +24,18 @@ def test_refusing_an_unanswerable_question_is_correct(tmp_path: Path) -> None:
     ]  # fmt: skip
     (tmp_path / "p.json").write_text(json.dumps(rows))
     # no answerable row: the judge (a closed port here) is never asked
-    verdicts = judge_answers.fn(
-        str(tmp_path / "p.json"), str(tmp_path / "q.jsonl"), None, "http://127.0.0.1:9"
-    )
+    verdicts = judge_answers.fn(str(tmp_path / "p.json"), questions, "http://127.0.0.1:9")
     assert verdicts == [True, False]
     assert [p.refused for p in predictions(rows, verdicts)] == [True, False]
+
+
+def test_an_evaluation_reads_its_questions_file_once() -> None:
+    """The flow loads the questions once and hands them to every metric's task; no task takes the
+    file (each one used to read it again: three reads per evaluation)."""
+    import inspect
+
+    from flows import evaluate as module
+
+    for task in (module.answer_questions, module.judge_answers, module.retrieval_metrics):
+        assert "questions_path" not in inspect.signature(task.fn).parameters
+    assert inspect.getsource(module).count("load_questions(") == 1
