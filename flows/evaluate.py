@@ -32,6 +32,7 @@ from prefect import flow, get_run_logger, task
 
 from flows.report import publish_report
 from flows.runs import registry, run_dir
+from hoprl.agent.grammar import Turn, grammar
 from hoprl.agent.trajectory import cut_shares
 from hoprl.answer_eval import evaluate_answers
 from hoprl.clients.judge import JudgeClient
@@ -136,6 +137,51 @@ def predictions(rows: list[dict[str, Any]], verdicts: list[bool]) -> list[Predic
     ]
 
 
+def kind(question: Question) -> str:
+    """The question's type in the report: ``unanswerable`` (no gold answer), ``comparison``,
+    ``bridge`` (the synthetic world's ``bridge-N``, HotpotQA's ``bridge``), else its own type."""
+    if not question.answerable:
+        return "unanswerable"
+    return (question.type or "other").split("-")[0]
+
+
+def can_refuse(recipe: str) -> bool:
+    """Whether the recipe has a refusal action (its grammar's closing turn offers ``<refuse/>``)."""
+    return "<refuse/>" in grammar(recipe, turn=Turn(final=True)).lark
+
+
+def breakdown(
+    questions: list[Question], rows: list[dict[str, Any]], verdicts: list[bool], recipe: str
+) -> dict[str, Any]:
+    """Per question type: questions, EM, F1, judge, retrievals; and ``em_scored``, the EM of what
+    the recipe can act on: a recipe without a refusal action is not charged for unanswerable
+    questions (EM over the answerable ones); one with it scores a refusal of one as correct."""
+    kinds = {q.id: kind(q) for q in questions}
+    refusing = can_refuse(recipe)
+    scored = [
+        float(r["outcome"] == "refuse") if kinds[r["id"]] == "unanswerable" else r["em"]
+        for r in rows
+        if refusing or kinds[r["id"]] != "unanswerable"
+    ]
+    by_type: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(kinds[r["id"]] for r in rows):
+        group = [(r, v) for r, v in zip(rows, verdicts, strict=True) if kinds[r["id"]] == name]
+        by_type[name] = {
+            "questions": float(len(group)),
+            "em": sum(r["em"] for r, _ in group) / len(group),
+            "f1": sum(r["f1"] for r, _ in group) / len(group),
+            "judge": sum(v for _, v in group) / len(group),
+            "refused": sum(r["outcome"] == "refuse" for r, _ in group) / len(group),
+            "retrievals": sum(r["retrievals"] for r, _ in group) / len(group),
+        }
+    return {
+        "by_type": by_type,
+        "refusal_action": refusing,
+        "em_scored": sum(scored) / len(scored) if scored else 0.0,
+        "unanswerable_ids": [r["id"] for r in rows if kinds[r["id"]] == "unanswerable"],
+    }
+
+
 @flow(name="evaluate")
 def evaluate(
     run_id: str,
@@ -174,6 +220,7 @@ def evaluate(
         **retrieval,
         "judge_accuracy": sum(verdicts) / max(1, len(verdicts)),
         **cut_shares([r["outcome"] for r in rows]),
+        **breakdown(questions, rows, verdicts, recipe),
         "label": label,
         "recipe": recipe,
         "collection": collection,

@@ -1,7 +1,11 @@
 """``pipeline``: the whole story of a run, end to end, resumable by run id.
 
     prepare_data -> build_index -> evaluate (baselines, untrained model) -> warm_start (SFT)
-      -> train (RL in segments, curriculum between them) -> evaluate (final checkpoint) -> summary
+      -> evaluate (the SFT checkpoint) -> train (RL in segments, curriculum between them)
+      -> evaluate (final checkpoint) -> summary
+
+Every phase runs the run's one episode shape (:func:`run_shape`, stored in its registry config as
+``episode``).
 
 Each stage is a Prefect (sub)flow, so the Prefect UI shows the run as this chain, with the report
 and the plots as artifacts. The registry run (``runs`` row, id ``run_id``) is created first and
@@ -162,6 +166,36 @@ def evaluations(
     return out
 
 
+def evaluate_checkpoint(
+    run_id: str,
+    label: str,
+    checkpoint: dict[str, Any],
+    urls: ServiceUrls,
+    data: dict[str, Any],
+    collection: str,
+    p: dict[str, Any],
+) -> dict[str, Any]:
+    """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run)."""
+
+    def run() -> dict[str, Any]:
+        serve_checkpoint(urls.policy, checkpoint["path"])
+        return evaluate(
+            run_id,
+            label,
+            data["paths"]["test"],
+            collection,
+            p["recipe"],
+            urls.policy,
+            urls.retriever,
+            urls.judge,
+            dataset=data["name"],
+            limit=p["eval_limit"],
+            checkpoint_id=checkpoint["checkpoint_id"],
+        )
+
+    return once(run_id, f"eval/{label}", run, "evaluation_id")
+
+
 def summary(
     run_id: str, before: dict[str, Any], after: dict[str, Any], final: dict[str, Any], collection: str
 ) -> dict[str, Any]:
@@ -277,31 +311,14 @@ def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict
     )
     if p["sft_steps"] > 0:
         with progress.stage("warm_start", steps=p["sft_steps"]):
-            warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
+            sft = warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
+        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, p)  # what the RL steps start from
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
         registry().add_checkpoint(run_id, 0, resolve_model(p["model"], MODEL_CACHE), {"objective": "base"})
     dev = {"path": data["paths"]["dev"], "limit": p["dev_limit"]}
     with progress.stage("train", steps=p["steps"], segments=p["segments"]):
         final = train(run_id, request, p["steps"], p["segments"], dev, urls)
-    serve_checkpoint(urls.policy, final["path"])
-    after = once(
-        run_id,
-        "eval/final",
-        lambda: evaluate(
-            run_id,
-            "final",
-            data["paths"]["test"],
-            collection,
-            p["recipe"],
-            urls.policy,
-            urls.retriever,
-            urls.judge,
-            dataset=data["name"],
-            limit=p["eval_limit"],
-            checkpoint_id=final["checkpoint_id"],
-        ),
-        "evaluation_id",
-    )
+    after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, p)
     mark(run_id, "done")
     publish_report(run_id)  # on this flow run too when every stage was skipped (a resumed run)
     return summary(run_id, evals["baseline"], after, final, collection)
