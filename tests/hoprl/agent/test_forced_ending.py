@@ -183,3 +183,38 @@ def test_an_in_grammar_checkpoint_decodes_the_same_constrained(
             assert rule is not None and admits(matcher_tokenizer, rule.lark, ids), (question.question, rule)
             chat.calls.append(Generation(text="", finish_reason="stop", token_ids=ids))
     assert tested[3] >= 3 and tested[4] >= 1, tested  # two- and three-hop episodes among them
+
+
+def cut_share(tokenizer: Any, questions: list[Question], steps: int, step_tokens: int, budget: int) -> float:
+    """The share of the expert's episodes the runner would cut, by its accounting at this shape:
+    a step cut at its grant ``min(step_tokens, budget - used)`` (a format error, or the token
+    budget when the grant was short), nothing left before a step, or more steps than allowed."""
+    recipe, count = get_recipe("when-to-search"), chat_tokens(tokenizer)
+    cut = 0
+    for question in questions:
+        chats = expert_chats(question, recipe)
+        used, ended = 0, len(chats) <= steps
+        for messages, text in chats[:steps]:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            grant = min(step_tokens, budget - used)
+            if grant <= 0 or len(ids) > grant:
+                ended = False
+                break
+            used = count(messages) - count(chats[0][0]) + len(ids)
+        cut += not ended
+    return cut / len(questions)
+
+
+def test_the_cpu_preset_holds_the_experts_episodes(tokenizer: Any) -> None:
+    """make run's world (two hops): the expert's episodes (what the SFT warm start learns) end with
+    their answer at the cpu preset's shape, 4 steps of 96 within 1152, on the first 60 test
+    questions with an answer. At the old 64 a step within 512, 7 of the 60 were cut (measured: turns
+    of 65-66 tokens, and two-search episodes past the budget; 96 within 512 still cut 5)."""
+    from hoprl.schemas.trainer import CPU_PRESET
+
+    questions = [q for q in generate(seed=0, max_hops=2)["test"] if q.answers][:60]
+    shape = (CPU_PRESET["max_turns"], CPU_PRESET["max_new_tokens_per_step"], CPU_PRESET["token_budget"])
+    assert shape == (4, 96, 1152)
+    assert cut_share(tokenizer, questions, *shape) == 0.0
+    assert cut_share(tokenizer, questions, 4, 64, 512) > 0.1
+    assert cut_share(tokenizer, questions, 4, 96, 512) > 0.0
