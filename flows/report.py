@@ -237,10 +237,12 @@ def training_plot(run_id: str, path: Path) -> Path | None:
             low = [reward[t] - spread.get(t, 0.0) for t in steps]
             high = [reward[t] + spread.get(t, 0.0) for t in steps]
             top.fill_between(steps, low, high, color="tab:blue", alpha=0.2, label="± std")
-    for i, name in enumerate(n for n in names if n.startswith("train/rewards/")):
+    # TRL logs each reward function as rewards/<name>/mean and rewards/<name>/std: the means
+    components = [n for n in names if n.startswith("train/rewards/") and not n.endswith("/std")]
+    for i, name in enumerate(components):
         series = reg.metric_series(run_id, name)
         top.plot(*zip(*series, strict=True), linewidth=1, linestyle=":", color=f"C{(i + 2) % 10}",
-                 label=name.removeprefix("train/rewards/"))  # fmt: skip
+                 label=name.removeprefix("train/rewards/").removesuffix("/mean"))  # fmt: skip
     top.set_ylabel("training reward")
     top.legend(fontsize=7, loc="best")
     for name, style in (("train/ended/token_budget", "-"), ("train/ended/format_error", "--"),

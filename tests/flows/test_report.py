@@ -154,7 +154,8 @@ def test_the_training_plot_shows_the_rewards_spread_components_and_cuts(run_id: 
     reg = registry()
     for step, (mean, std) in enumerate([(-0.9, 0.1), (-0.5, 0.4)], start=1):
         reg.log_metrics(run_id, step, {"train/reward": mean, "train/reward_std": std,
-                                       "train/rewards/format": mean / 2, "train/rewards/answer": mean / 2,
+                                       "train/rewards/format/mean": mean / 2, "train/rewards/format/std": std,
+                                       "train/rewards/answer/mean": mean / 2,
                                        "train/ended/token_budget": 0.25, "train/ended/format_error": 0.125,
                                        "dev/em": 0.1 * step})  # fmt: skip
     path = training_plot(run_id, tmp_path / "training.png")
