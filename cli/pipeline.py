@@ -152,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--small",
         action="store_true",
-        help="the cpu preset (make run): 2 questions x 4 samples a step, 4 turns of 64 tokens; with "
+        help="the cpu preset (make run): 2 questions x 4 samples a step, 4 turns of 96 tokens; with "
         "--config, also the config's small: section",
     )
     parser.add_argument("--model", default=None, help="HF id or folder; default: bundled SmolLM2-135M")

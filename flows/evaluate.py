@@ -32,6 +32,8 @@ from prefect import flow, get_run_logger, task
 
 from flows.report import publish_report
 from flows.runs import registry, run_dir
+from hoprl.agent.grammar import Turn, grammar
+from hoprl.agent.trajectory import cut_shares
 from hoprl.answer_eval import evaluate_answers
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
@@ -39,6 +41,7 @@ from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.registry import Prediction
+from hoprl.schemas import Question
 from hoprl.schemas.judge import AnswerItem
 
 KS = (2, 5, 10)
@@ -65,8 +68,7 @@ SUMMARY_KEYS = (
 
 @task(retries=1, retry_delay_seconds=10)
 def answer_questions(
-    questions_path: str,
-    limit: int | None,
+    questions: list[Question],
     recipe: str,
     collection: str,
     policy_url: str,
@@ -75,7 +77,6 @@ def answer_questions(
     repeatable: bool = False,
 ) -> dict[str, Any]:
     """Ask the policy every question; write the per-question rows to ``out``, return the summary."""
-    questions = load_questions(questions_path, limit)
     report = evaluate_answers(policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report["predictions"], indent=1))
@@ -83,20 +84,18 @@ def answer_questions(
 
 
 @task(retries=2, retry_delay_seconds=5)
-def judge_answers(
-    predictions_path: str, questions_path: str, limit: int | None, judge_url: str
-) -> list[bool]:
+def judge_answers(predictions_path: str, questions: list[Question], judge_url: str) -> list[bool]:
     """One verdict per prediction; refusing an unanswerable question is correct.
 
     Each graded row of the predictions file gets ``judge_llm``: whether an LLM decided it (the
     judge service's ``openai`` backend, no fallback to the rules), which :func:`judge_llm_share`
     sums up for the report."""
     rows = json.loads(Path(predictions_path).read_text())
-    questions = {q.id: q for q in load_questions(questions_path, limit)}
+    by_question = {q.id: q for q in questions}
     graded = [r for r in rows if r["answers"]]
     items = [
         AnswerItem(
-            question=questions[r["id"]].question, prediction=r["prediction"] or "", references=r["answers"]
+            question=by_question[r["id"]].question, prediction=r["prediction"] or "", references=r["answers"]
         )
         for r in graded
     ]
@@ -117,20 +116,18 @@ def judge_llm_share(rows: list[dict[str, Any]]) -> float | None:
 
 
 @task(retries=2, retry_delay_seconds=5)
-def retrieval_metrics(
-    questions_path: str, limit: int | None, collection: str, retriever_url: str
-) -> dict[str, float]:
+def retrieval_metrics(questions: list[Question], collection: str, retriever_url: str) -> dict[str, float]:
     """Recall@K / Full-Recall@K / mAP of a hybrid search with each question as the query.
 
     A chunk counts as its paragraph (ids ``<doc id>#<n>``), at its best rank.
     """
-    questions = [q for q in load_questions(questions_path, limit) if gold_ids(q)]
-    if not questions:
+    graded = [q for q in questions if gold_ids(q)]
+    if not graded:
         return {}
     with RetrieverClient(retriever_url) as client:
-        hits = client.search(collection, [q.question for q in questions], top_k=max(KS), mode="hybrid")
+        hits = client.search(collection, [q.question for q in graded], top_k=max(KS), mode="hybrid")
     rankings = [list(dict.fromkeys(h.id.split("#")[0] for h in row)) for row in hits]
-    report = retrieval_report(rankings, [gold_ids(q) for q in questions], KS)
+    report = retrieval_report(rankings, [gold_ids(q) for q in graded], KS)
     return {k: v for k, v in report.items() if k != "questions"}
 
 
@@ -148,6 +145,51 @@ def predictions(rows: list[dict[str, Any]], verdicts: list[bool]) -> list[Predic
         )
         for r, v in zip(rows, verdicts, strict=True)
     ]
+
+
+def kind(question: Question) -> str:
+    """The question's type in the report: ``unanswerable`` (no gold answer), ``comparison``,
+    ``bridge`` (the synthetic world's ``bridge-N``, HotpotQA's ``bridge``), else its own type."""
+    if not question.answerable:
+        return "unanswerable"
+    return (question.type or "other").split("-")[0]
+
+
+def can_refuse(recipe: str) -> bool:
+    """Whether the recipe has a refusal action (its grammar's closing turn offers ``<refuse/>``)."""
+    return "<refuse/>" in grammar(recipe, turn=Turn(final=True)).lark
+
+
+def breakdown(
+    questions: list[Question], rows: list[dict[str, Any]], verdicts: list[bool], recipe: str
+) -> dict[str, Any]:
+    """Per question type: questions, EM, F1, judge, retrievals; and ``em_scored``, the EM of what
+    the recipe can act on: a recipe without a refusal action is not charged for unanswerable
+    questions (EM over the answerable ones); one with it scores a refusal of one as correct."""
+    kinds = {q.id: kind(q) for q in questions}
+    refusing = can_refuse(recipe)
+    scored = [
+        float(r["outcome"] == "refuse") if kinds[r["id"]] == "unanswerable" else r["em"]
+        for r in rows
+        if refusing or kinds[r["id"]] != "unanswerable"
+    ]
+    by_type: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(kinds[r["id"]] for r in rows):
+        group = [(r, v) for r, v in zip(rows, verdicts, strict=True) if kinds[r["id"]] == name]
+        by_type[name] = {
+            "questions": float(len(group)),
+            "em": sum(r["em"] for r, _ in group) / len(group),
+            "f1": sum(r["f1"] for r, _ in group) / len(group),
+            "judge": sum(v for _, v in group) / len(group),
+            "refused": sum(r["outcome"] == "refuse" for r, _ in group) / len(group),
+            "retrievals": sum(r["retrievals"] for r, _ in group) / len(group),
+        }
+    return {
+        "by_type": by_type,
+        "refusal_action": refusing,
+        "em_scored": sum(scored) / len(scored) if scored else 0.0,
+        "unanswerable_ids": [r["id"] for r in rows if kinds[r["id"]] == "unanswerable"],
+    }
 
 
 @flow(name="evaluate")
@@ -178,17 +220,18 @@ def evaluate(
     """
     split = Path(questions_path).stem
     out = run_dir(run_id) / "evals" / f"{label.replace('/', '-')}.json"
-    summary = answer_questions(
-        questions_path, limit, recipe, collection, policy_url, retriever_url, str(out), repeatable
-    )
-    verdicts = judge_answers(str(out), questions_path, limit, judge_url)
-    retrieval = retrieval_metrics(questions_path, limit, collection, retriever_url)
+    questions = load_questions(questions_path, limit)  # read once; every metric scores these
+    summary = answer_questions(questions, recipe, collection, policy_url, retriever_url, str(out), repeatable)
+    verdicts = judge_answers(str(out), questions, judge_url)
+    retrieval = retrieval_metrics(questions, collection, retriever_url)
     rows = json.loads(out.read_text())
     metrics = {
         **summary,
         **retrieval,
         "judge_accuracy": sum(verdicts) / max(1, len(verdicts)),
         "judge_llm_share": judge_llm_share(rows),
+        **cut_shares([r["outcome"] for r in rows]),
+        **breakdown(questions, rows, verdicts, recipe),
         "label": label,
         "recipe": recipe,
         "collection": collection,
@@ -198,7 +241,8 @@ def evaluate(
         run_id, dataset or split, split, metrics, predictions(rows, verdicts), checkpoint=checkpoint_id
     )
     get_run_logger().info(
-        "evaluation %d (%s, %s): EM %.3f, F1 %.3f, judge %.3f, %.2f retrievals",
+        "evaluation %d (%s, %s): EM %.3f, F1 %.3f, judge %.3f, %.2f retrievals, cut by token budget %.2f "
+        "/ format error %.2f",
         evaluation_id,
         label,
         recipe,
@@ -206,6 +250,8 @@ def evaluate(
         metrics["f1"],
         metrics["judge_accuracy"],
         metrics["retrieval_count"],
+        metrics["ended/token_budget"],
+        metrics["ended/format_error"],
     )
     report = publish_report(run_id)
     return {"evaluation_id": evaluation_id, "metrics": metrics, "report": report}

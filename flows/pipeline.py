@@ -1,7 +1,11 @@
 """``pipeline``: the whole story of a run, end to end, resumable by run id.
 
     prepare_data -> build_index -> evaluate (baselines, untrained model) -> warm_start (SFT)
-      -> train (RL in segments, curriculum between them) -> evaluate (final checkpoint) -> summary
+      -> evaluate (the SFT checkpoint) -> train (RL in segments, curriculum between them)
+      -> evaluate (final checkpoint) -> summary
+
+Every phase runs the run's one episode shape (:func:`run_shape`, stored in its registry config as
+``episode``).
 
 Each stage is a Prefect (sub)flow, so the Prefect UI shows the run as this chain, with the report
 and the plots as artifacts. The registry run (``runs`` row, id ``run_id``) is created first and
@@ -32,7 +36,15 @@ from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
 from hoprl.generation.model import resolve_model
-from hoprl.schemas.trainer import Preset, preset_recipe_config, recipe_objective
+from hoprl.recipes import get_recipe
+from hoprl.schemas.trainer import (
+    EVAL_TEMPERATURE,
+    JobRequest,
+    Preset,
+    job_episode_shape,
+    preset_recipe_config,
+    recipe_objective,
+)
 
 MODEL_CACHE = Path(
     ".hoprl/models/smollm2-135m-instruct"
@@ -53,6 +65,38 @@ def once(
     path.write_text(json.dumps(result, indent=1, default=str))
     mark(run_id, stage, float(result[id_key]) if id_key else 1.0)
     return result
+
+
+def job_hyperparameters(
+    recipe: str,
+    steps: int,
+    hyperparameters: dict[str, Any] | None,
+    recipe_config: dict[str, Any] | None,
+    preset: str = "paper",
+) -> dict[str, Any]:
+    """The hyperparameters of every trainer request of a run (:func:`job_request`)."""
+    config = {**preset_recipe_config(preset, recipe), **(recipe_config or {})}
+    if recipe == "when-to-search":
+        config.setdefault("switch_step", max(1, steps // 2))  # stage 2 for the second half
+    return {"preset": preset, **(hyperparameters or {}), "recipe_config": config}
+
+
+def run_shape(p: dict[str, Any]) -> dict[str, Any]:
+    """The episode shape of a pipeline's run (``p``: the flow's parameters), stored in its registry
+    config as ``episode``: the limits its trainer jobs resolve (:func:`hoprl.schemas.trainer.
+    job_episode_shape`, read alike by the rollouts, the dev checks and the local policy's
+    /v1/answer), the recipe's documents per search and stop texts, and how each phase decodes."""
+    hp = job_hyperparameters(p["recipe"], p["steps"], p["hyperparameters"], p["recipe_config"], p["preset"])
+    request = {"recipe": p["recipe"], "objective": p["objective"], "hyperparameters": hp}
+    agent = get_recipe(p["recipe"], **hp["recipe_config"])
+    resolved = JobRequest.model_validate(request).hyperparameters.resolved(p["recipe"], p["objective"])
+    return {
+        **job_episode_shape(request),
+        "documents_per_search": agent.top_k,
+        "stop": list(agent.stop),
+        "temperature": {"train": resolved.temperature, "dev": EVAL_TEMPERATURE, "eval": EVAL_TEMPERATURE},
+        "constrained": False,
+    }
 
 
 def job_request(
@@ -76,11 +120,10 @@ def job_request(
     recipe config a preset scales (EVO-RAG's ``t_max``) is written into the request, so the flow's
     curriculum and dev checks read the config the trainer trains with.
     """
-    config = {**preset_recipe_config(preset, recipe), **(recipe_config or {})}
-    if recipe == "when-to-search":
-        config.setdefault("switch_step", max(1, steps // 2))  # stage 2 for the second half
-    hp = {"preset": preset, "max_train_questions": data["counts"]["train"], **(hyperparameters or {})}
-    hp["recipe_config"] = config
+    hp = {
+        "max_train_questions": data["counts"]["train"],
+        **job_hyperparameters(recipe, steps, hyperparameters, recipe_config, preset),
+    }
     prepared = data["source"].endswith(".jsonl") or data["source"].startswith("paper:")
     source = data["paths"]["train"] if prepared else dataset
     return {
@@ -122,6 +165,36 @@ def evaluations(
 
         out[label] = once(run_id, f"eval/{label}", run, "evaluation_id")
     return out
+
+
+def evaluate_checkpoint(
+    run_id: str,
+    label: str,
+    checkpoint: dict[str, Any],
+    urls: ServiceUrls,
+    data: dict[str, Any],
+    collection: str,
+    p: dict[str, Any],
+) -> dict[str, Any]:
+    """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run)."""
+
+    def run() -> dict[str, Any]:
+        serve_checkpoint(urls.policy, checkpoint["path"])
+        return evaluate(
+            run_id,
+            label,
+            data["paths"]["test"],
+            collection,
+            p["recipe"],
+            urls.policy,
+            urls.retriever,
+            urls.judge,
+            dataset=data["name"],
+            limit=p["eval_limit"],
+            checkpoint_id=checkpoint["checkpoint_id"],
+        )
+
+    return once(run_id, f"eval/{label}", run, "evaluation_id")
 
 
 def summary(
@@ -199,13 +272,14 @@ def pipeline(
         "recipe_config": recipe_config,
         "preset": preset,
     }
+    shape = params["episode"] = run_shape(params)
     reg, log = registry(), get_run_logger()
     reg.create_run(run_id, recipe, objective, model or "default", params, seed)
     link_flow_run(run_id)
     reg.set_run_status(run_id, "running")
-    log.info("run %s (folder %s)", run_id, run_dir(run_id))
+    log.info("run %s (folder %s), episode shape %s", run_id, run_dir(run_id), shape)
     try:
-        with services(run_dir(run_id), model) as urls:
+        with services(run_dir(run_id), model, shape) as urls:
             result = stages(run_id, params, seed, urls)
     except BaseException as exc:
         reg.set_run_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
@@ -238,31 +312,14 @@ def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict
     )
     if p["sft_steps"] > 0:
         with progress.stage("warm_start", steps=p["sft_steps"]):
-            warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
+            sft = warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
+        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, p)  # what the RL steps start from
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
         registry().add_checkpoint(run_id, 0, resolve_model(p["model"], MODEL_CACHE), {"objective": "base"})
     dev = {"path": data["paths"]["dev"], "limit": p["dev_limit"]}
     with progress.stage("train", steps=p["steps"], segments=p["segments"]):
         final = train(run_id, request, p["steps"], p["segments"], dev, urls)
-    serve_checkpoint(urls.policy, final["path"])
-    after = once(
-        run_id,
-        "eval/final",
-        lambda: evaluate(
-            run_id,
-            "final",
-            data["paths"]["test"],
-            collection,
-            p["recipe"],
-            urls.policy,
-            urls.retriever,
-            urls.judge,
-            dataset=data["name"],
-            limit=p["eval_limit"],
-            checkpoint_id=final["checkpoint_id"],
-        ),
-        "evaluation_id",
-    )
+    after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, p)
     mark(run_id, "done")
     publish_report(run_id)  # on this flow run too when every stage was skipped (a resumed run)
     return summary(run_id, evals["baseline"], after, final, collection)

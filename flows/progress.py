@@ -58,6 +58,9 @@ def progress_line(job: Job, label: str, seconds_per_step: float | None, waited_s
     head = f"{job.objective} {job.id} ({label}) {bar(job.step, job.steps)}"
     parts = [f"{head} step {job.step}/{job.steps} ({percent}%)"]
     parts += [f"{name} {job.metrics[name]:.3f}" for name in ("reward", "loss") if name in job.metrics]
+    cut = [f"{name[6:]} {job.metrics[name]:.2f}" for name in ("ended/token_budget", "ended/format_error")
+           if name in job.metrics]  # fmt: skip
+    parts += [f"cut by {' / '.join(cut)}"] if cut else []
     if job.status in TERMINAL:
         parts.append(job.status)
     elif job.step >= job.steps:

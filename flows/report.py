@@ -3,15 +3,19 @@
 Everything is read back from the registry, so the report can be rebuilt at any time (each
 evaluation and each training segment publishes it again):
 
-- ``report.md``: per dataset, five narrow tables with every evaluation of the run: answers (EM,
-  F1, judge accuracy, retrieval count), the paired bootstrap (10,000 resamples) of each EM against
-  the evaluation labelled ``baseline`` (difference, 95% interval, p), the agent's own retrieval
+- ``report.md``: per dataset, narrow tables with every evaluation of the run: answers (EM as the
+  recipe can act on it, EM over all questions, F1, judge accuracy, retrieval count), how the
+  episodes ended (shares cut by the token budget, a format error, the step cap), EM per question
+  type (bridge, comparison; the refused share of unanswerable ones), the paired bootstrap (10,000
+  resamples) of each EM against the untrained model (``baseline``) and against the SFT warm start
+  (``sft``) (difference, 95% interval, p), the agent's own retrieval
   (Recall / Full-Recall / mAP of its episodes' documents at their mean K), the index's retrieval
   with the question as the query (Recall@K / Full-Recall@K / mAP), and seconds per question
   (p50 / p99 latency, T_r / T_g). Few short columns each, so the Prefect UI's markdown view
   shows every column (one wide table had its last column cut off there);
-- ``training.png``: the training reward per step and the dev EM at each segment's check, with the
-  curriculum's stage switches as vertical lines;
+- ``training.png``: the training reward per step (mean, spread and components), the shares of
+  episodes cut by the token budget or a format error (training and dev), and the dev EM at each
+  segment's check, with the curriculum's stage switches as vertical lines;
 - ``accuracy_vs_retrievals.png``: EM against the mean retrieval count, one point per evaluation
   (recipe and label), the trade-off the when-to-search recipe is about. Each evaluation has its
   own marker and colour, named in a legend beside the axes: evaluations often land on the same
@@ -49,10 +53,24 @@ from sqlalchemy import select
 
 from flows.runs import registry, run_dir
 from hoprl.judging import judge_flag
+from hoprl.metrics.stats import paired_bootstrap
 from hoprl.registry.models import EvaluationRow
 
 # The report's tables: (metric key, column header); each table stays a few short columns wide.
-ANSWER_COLUMNS = [("em", "EM"), ("f1", "F1"), ("judge_accuracy", "judge"), ("retrieval_count", "retrievals")]
+# EM is what the recipe can act on (``em_scored``, flows.evaluate.breakdown); "EM all" charges
+# every question, the unanswerable ones included (beside EM per question type)
+ANSWER_COLUMNS = [
+    ("em_scored", "EM"),
+    ("f1", "F1"),
+    ("judge_accuracy", "judge"),
+    ("retrieval_count", "retrievals"),
+]
+# How the episodes ended: the shares cut by the token budget, a format error or the step cap
+ENDED_COLUMNS = [("ended/token_budget", "token budget"), ("ended/format_error", "format error"),
+                 ("ended/step_cap", "step cap")]  # fmt: skip
+# The references of the paired bootstraps: the untrained model and the SFT warm start
+REFERENCES = ("baseline", "sft")
+KINDS = ("bridge", "comparison", "unanswerable")
 # What the episodes themselves retrieved, at their own K (R2AG's Recall / Full-Recall / mAP with K)
 AGENT_COLUMNS = [
     ("agent_k", "K"),
@@ -87,16 +105,42 @@ def cell(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value if value is not None else "-")
 
 
-def versus(row: EvaluationRow, baseline: EvaluationRow | None) -> list[str]:
-    """``["+0.120", "[0.04, 0.20]", "0.003"]``: EM difference against the baseline, its 95%
-    interval and p-value (paired bootstrap), or dashes."""
-    if baseline is None or row.id == baseline.id:
+def scored_em(row: EvaluationRow) -> dict[str, float]:
+    """Per question, the EM the recipe is scored on (flows.evaluate.breakdown): unanswerable
+    questions are left out for a recipe without a refusal action, and count as correct when
+    refused for one with it. An evaluation stored before the breakdown scores every question."""
+    unanswerable = set(row.metrics.get("unanswerable_ids", []))
+    refusing = bool(row.metrics.get("refusal_action", False))
+    return {
+        p.question_id: (float(p.refused) if p.question_id in unanswerable else p.em)
+        for p in registry().predictions(row.id)
+        if refusing or p.question_id not in unanswerable
+    }
+
+
+def versus(row: EvaluationRow, reference: EvaluationRow | None) -> list[str]:
+    """``["+0.120", "[0.04, 0.20]", "0.003"]``: the scored EM's difference against ``reference``
+    over the questions both are scored on, its 95% interval and p-value (paired bootstrap,
+    10,000 resamples), or dashes."""
+    if reference is None or row.id == reference.id:
         return ["-", "-", "-"]
-    try:
-        result = registry().compare(row.id, baseline.id, "em")
-    except ValueError:  # no shared questions
+    a, b = scored_em(row), scored_em(reference)
+    shared = sorted(a.keys() & b.keys())
+    if not shared:
         return ["-", "-", "-"]
+    result = paired_bootstrap([a[q] for q in shared], [b[q] for q in shared], n_resamples=10_000, seed=0)
     return [f"{result.diff:+.3f}", f"[{result.ci_low:.2f}, {result.ci_high:.2f}]", f"{result.p_value:.3g}"]
+
+
+def kind_cells(row: EvaluationRow) -> list[str]:
+    """EM per question type (``n`` questions), and the refused share of the unanswerable ones."""
+    by_type = row.metrics.get("by_type", {})
+    cells = []
+    for name in KINDS:
+        part = by_type.get(name)
+        value = None if part is None else part["refused" if name == "unanswerable" else "em"]
+        cells.append("-" if part is None else f"{value:.3f} ({int(part['questions'])})")
+    return cells
 
 
 def table(headers: list[str], rows: list[list[str]], names: int = 1) -> list[str]:
@@ -111,7 +155,6 @@ def markdown_table(run_id: str) -> str:
     lines = [f"# hoprl run `{run_id}`", ""]
     for dataset in dict.fromkeys(r.dataset for r in rows):
         group = [r for r in rows if r.dataset == dataset]
-        baseline = next((r for r in group if r.metrics.get("label") == "baseline"), None)
         names = [str(r.metrics.get("label", r.id)) for r in group]
         answers = [
             [name, str(r.metrics.get("recipe", ""))] + [cell(r.metrics.get(k)) for k, _ in ANSWER_COLUMNS]
@@ -125,19 +168,44 @@ def markdown_table(run_id: str) -> str:
             for columns in (AGENT_COLUMNS, RETRIEVAL_COLUMNS, TIME_COLUMNS)
         )
         lines += [f"## {dataset} ({group[0].split}, {group[0].metrics.get('questions', '?')} questions)", ""]
+        unanswerable = max((len(r.metrics.get("unanswerable_ids", [])) for r in group), default=0)
         lines += ["### Answers", ""]
         lines += table(["evaluation", "recipe"] + [h for _, h in ANSWER_COLUMNS], answers, names=2)
+        lines += [
+            f"EM scores what the recipe can act on: {unanswerable} of the questions have no answer; a "
+            "recipe without a refusal action (all but evo-rag) is not charged for them (EM over the "
+            "answerable ones), one with it scores a refusal of them as correct. EM all charges every "
+            "question.",
+            "",
+        ]
         lines += [
             f"**Warning:** `{name}`: {1 - share:.0%} of the judge column's verdicts came from the rules "
             "judge, not an LLM (the papers judge with an LLM).\n"
             for name, r in zip(names, group, strict=True)
             if (share := r.metrics.get("judge_llm_share")) is not None and share < 1
         ]
-        lines += ["### EM against `baseline` (paired bootstrap, 10,000 resamples)", ""]
+        lines += ["### How the episodes ended (share cut)", ""]
         lines += table(
-            ["evaluation", "EM diff", "95% CI", "p"],
-            [[name, *versus(r, baseline)] for name, r in zip(names, group, strict=True)],
+            ["evaluation"] + [h for _, h in ENDED_COLUMNS],
+            [
+                [name] + [cell(r.metrics.get(k)) for k, _ in ENDED_COLUMNS]
+                for name, r in zip(names, group, strict=True)
+            ],
         )
+        lines += ["### By question type (EM; unanswerable: share refused; questions in brackets)", ""]
+        lines += table(
+            ["evaluation", *KINDS, "EM all"],
+            [[name, *kind_cells(r), cell(r.metrics.get("em"))] for name, r in zip(names, group, strict=True)],
+        )
+        for label in REFERENCES:
+            reference = next((r for r in group if r.metrics.get("label") == label), None)
+            if reference is None:
+                continue
+            lines += [f"### EM against `{label}` (paired bootstrap, 10,000 resamples)", ""]
+            lines += table(
+                ["evaluation", "EM diff", "95% CI", "p"],
+                [[name, *versus(r, reference)] for name, r in zip(names, group, strict=True)],
+            )
         lines += ["### The agent's retrieval (the documents its episodes retrieved, at their K)", ""]
         lines += table(["evaluation"] + [h for _, h in AGENT_COLUMNS], agent)
         lines += ["### The index's retrieval (the question as the query)", ""]
@@ -158,21 +226,52 @@ def markdown_table(run_id: str) -> str:
 
 
 def training_plot(run_id: str, path: Path) -> Path | None:
-    """Reward per training step and dev EM per check, stage switches as dashed vertical lines."""
-    reward = registry().metric_series(run_id, "train/reward")
-    dev_em = registry().metric_series(run_id, "dev/em")
+    """Per training step: the reward's mean with its spread (mean ± the group std TRL logs) and
+    each reward component; the shares of episodes cut (token budget, format error) in training
+    and at the dev checks; the dev EM per check. Stage switches are dashed vertical lines."""
+    reg = registry()
+    reward, spread = (
+        dict(reg.metric_series(run_id, "train/reward")),
+        dict(reg.metric_series(run_id, "train/reward_std")),
+    )
+    dev_em = reg.metric_series(run_id, "dev/em")
     if not reward and not dev_em:
         return None
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+    names = sorted(reg.latest_metrics(run_id))
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
     if reward:
-        top.plot(*zip(*reward, strict=True), color="tab:blue", linewidth=1)
+        steps = sorted(reward)
+        mean = [reward[t] for t in steps]
+        top.plot(steps, mean, color="tab:blue", marker="o", linewidth=1.5, label="reward (mean)")
+        if spread:
+            low = [reward[t] - spread.get(t, 0.0) for t in steps]
+            high = [reward[t] + spread.get(t, 0.0) for t in steps]
+            top.fill_between(steps, low, high, color="tab:blue", alpha=0.2, label="± std")
+    # TRL logs each reward function as rewards/<name>/mean and rewards/<name>/std: the means
+    components = [n for n in names if n.startswith("train/rewards/") and not n.endswith("/std")]
+    for i, name in enumerate(components):
+        series = reg.metric_series(run_id, name)
+        top.plot(*zip(*series, strict=True), linewidth=1, linestyle=":", color=f"C{(i + 2) % 10}",
+                 label=name.removeprefix("train/rewards/").removesuffix("/mean"))  # fmt: skip
     top.set_ylabel("training reward")
+    top.legend(fontsize=7, loc="best")
+    for name, style in (("train/ended/token_budget", "-"), ("train/ended/format_error", "--"),
+                        ("dev/ended/token_budget", "-."), ("dev/ended/format_error", ":")):  # fmt: skip
+        series = reg.metric_series(run_id, name)
+        if series:
+            middle.plot(
+                *zip(*series, strict=True), linestyle=style, marker=".", label=name.replace("/ended/", " ")
+            )
+    middle.set_ylabel("share cut")
+    middle.set_ylim(-0.05, 1.05)
+    if middle.lines:
+        middle.legend(fontsize=7, loc="best")
     if dev_em:
         bottom.plot(*zip(*dev_em, strict=True), marker="o", color="tab:green")
     bottom.set_ylabel("dev EM")
     bottom.set_xlabel("step")
-    for s in registry().stage_switches(run_id):
-        for ax in (top, bottom):
+    for s in reg.stage_switches(run_id):
+        for ax in (top, middle, bottom):
             ax.axvline(s.step, color="tab:red", linestyle="--", linewidth=1)
         top.annotate(
             f"{s.to_stage}",

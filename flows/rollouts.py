@@ -9,10 +9,12 @@ twice writes once, so collecting the same step again (a resumed pipeline) adds n
 ``score_rewards`` reads a step's stored episodes back and turns them into the step's metrics:
 the mean of every reward signal and of the total (the *return*), exact match of the final
 answers, the judge's accuracy (one ``judge_item`` unit per answer), retrieval count and the
-share of gold titles the agent retrieved. The pipeline uses the pair on the dev split between
+share of gold titles the agent retrieved, and the shares of episodes cut by the token budget, a
+format error or the step cap (``ended/*``). The pipeline uses the pair on the dev split between
 training segments::
 
-    collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever)
+    collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever,
+                     options={**job_episode_shape(request), "temperature": 0.0})
     score_rewards(run_id, 40, urls.judge, prefix="dev")   # {"dev/return": ..., "dev/em": ...}
 """
 
@@ -25,12 +27,12 @@ from prefect import flow, get_run_logger, task
 
 from flows.fanout import fan_out, judge_item, rollout_episode
 from flows.runs import registry
-from hoprl.agent.trajectory import Episode
+from hoprl.agent.trajectory import Episode, cut_shares
 from hoprl.data.jsonl import load_questions
 from hoprl.metrics.answer import exact_match
 
-# Episode shape of the pipeline's checks: the trainer's defaults (4 turns of 64 tokens), greedy.
-EPISODE = {"max_steps": 4, "max_new_tokens_per_step": 64, "token_budget": 512, "temperature": 0.0}
+#: the limits every collection names: a run's episode shape (hoprl.schemas.trainer.episode_shape)
+SHAPE_KEYS = ("max_steps", "max_new_tokens_per_step", "token_budget")
 
 
 @task
@@ -78,10 +80,16 @@ def collect_rollouts(
 
     Args:
         options: :class:`hoprl.agent.runner.RunOptions` fields plus ``model`` (the served model
-            id) and ``recipe_config`` (e.g. the curriculum stage); default :data:`EPISODE`.
+            id) and ``recipe_config`` (e.g. the curriculum stage). The episode's limits
+            (:data:`SHAPE_KEYS`) are required: they are the run's episode shape, never a default
+            of this flow's own (the dev checks pass the trainer's, :func:`flows.training.dev_check`).
 
     Returns ``{"sent", "written", "skipped"}``: units sent, episodes newly stored, already stored.
     """
+    missing = [k for k in SHAPE_KEYS if k not in (options or {})]
+    if missing:
+        raise ValueError(f"collect_rollouts needs the run's episode shape in options; missing {missing} "
+                         "(hoprl.schemas.trainer.episode_shape)")  # fmt: skip
     counts = send_rollouts(
         run_id,
         step,
@@ -92,7 +100,7 @@ def collect_rollouts(
         retriever_url,
         limit,
         samples,
-        {**EPISODE, **(options or {})},
+        dict(options or {}),
     )
     get_run_logger().info("run %s step %d: %s", run_id, step, counts)
     return counts
@@ -156,6 +164,7 @@ def episode_metrics(run_id: str, step: int, judge_url: str, prefix: str) -> dict
         "retrieval_count": mean([float(e.retrieval_count) for e in episodes]),
         "title_recall": mean(recalls),
         "episodes": float(len(episodes)),
+        **cut_shares([e.outcome for e in episodes]),
     }
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
@@ -171,11 +180,13 @@ def score_rewards(run_id: str, step: int, judge_url: str, prefix: str = "rollout
     metrics = episode_metrics(run_id, step, judge_url, prefix)
     registry().log_metrics(run_id, step, metrics)
     get_run_logger().info(
-        "run %s step %d: return %.3f, EM %.3f, judge %.3f",
+        "run %s step %d: return %.3f, EM %.3f, judge %.3f, cut by token budget %.2f / format error %.2f",
         run_id,
         step,
         metrics[f"{prefix}/return"],
         metrics[f"{prefix}/em"],
         metrics[f"{prefix}/judge_accuracy"],
+        metrics[f"{prefix}/ended/token_budget"],
+        metrics[f"{prefix}/ended/format_error"],
     )
     return metrics

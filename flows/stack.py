@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -51,18 +52,29 @@ APPS = {
     "policy": "services.policy.app:app",
     "trainer": "services.trainer.app:app",
 }
-# /v1/answer limits of the policy a local run starts: the trainer's cpu preset episode shape (4 turns,
-# 512 tokens of context growth), so a CPU run is evaluated in the shape it was trained in. A step
-# gets twice the preset's 64 tokens: the action grammar bounds its tags at one token per byte (52
-# bytes in when-to-search's think-reflect-answer form), and at 64 tokens it left the answer 9 tokens
-# and the thoughts 1 (with every block cut to 1 token before, `make run`'s answers were "Dilem").
-# A deployment (HOPRL_POLICY_URL) sets its own POLICY_* limits.
-POLICY_LIMITS = {
-    "POLICY_MAX_STEPS": str(CPU_PRESET["max_turns"]),
-    "POLICY_MAX_TOKENS_PER_STEP": str(2 * CPU_PRESET["max_new_tokens_per_step"]),
-    "POLICY_TOKEN_BUDGET": str(CPU_PRESET["token_budget"]),
-    "POLICY_REQUEST_TIMEOUT_S": "600",
+#: the episode shape of a local policy started without one (bench/train.py): the cpu preset's
+CPU_SHAPE = {
+    "max_steps": CPU_PRESET["max_turns"],
+    "max_new_tokens_per_step": CPU_PRESET["max_new_tokens_per_step"],
+    "token_budget": CPU_PRESET["token_budget"],
 }
+
+
+def policy_limits(shape: Mapping[str, Any]) -> dict[str, str]:
+    """/v1/answer's limits of the policy a local run starts: the run's episode shape
+    (:func:`hoprl.schemas.trainer.episode_shape`, the trainer's rollouts and the dev checks read
+    it too), served free of the action grammar like the rollouts and dev checks
+    (:data:`hoprl.schemas.trainer.EVAL_TEMPERATURE` says why). A deployment
+    (HOPRL_POLICY_URL) sets its own POLICY_* limits."""
+    return {
+        "POLICY_MAX_STEPS": str(shape["max_steps"]),
+        "POLICY_MAX_TOKENS_PER_STEP": str(shape["max_new_tokens_per_step"]),
+        "POLICY_TOKEN_BUDGET": str(shape["token_budget"]),
+        "POLICY_CONSTRAINED_DECODING": "false",
+        "POLICY_REQUEST_TIMEOUT_S": "600",
+    }
+
+
 READY_TIMEOUT_S = 600.0  # the first policy start converts the bundled GGUF model (~20 s), then loads it
 
 
@@ -169,13 +181,18 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def service_env(
-    name: str, run_dir: Path, urls: Mapping[str, str], token: str, model: str | None
+    name: str,
+    run_dir: Path,
+    urls: Mapping[str, str],
+    token: str,
+    model: str | None,
+    shape: Mapping[str, Any] = CPU_SHAPE,
 ) -> dict[str, str]:
     """The environment of one local service process: where it stores things, whom it calls."""
     if name == "retriever":
         return {"RETRIEVER_STORAGE_PATH": str(run_dir / "qdrant")}
     if name == "policy":
-        env = {"POLICY_RETRIEVER_URL": urls["retriever"], "POLICY_ADMIN_TOKEN": token, **POLICY_LIMITS}
+        env = {"POLICY_RETRIEVER_URL": urls["retriever"], "POLICY_ADMIN_TOKEN": token, **policy_limits(shape)}
         return {**env, "POLICY_MODEL": model} if model else env
     if name == "trainer":
         return {"TRAINER_RETRIEVER_URL": urls["retriever"], "TRAINER_RUNS_DIR": str(run_dir / "jobs")}
@@ -183,12 +200,15 @@ def service_env(
 
 
 @contextmanager
-def services(run_dir: Path, model: str | None = None) -> Iterator[ServiceUrls]:
+def services(
+    run_dir: Path, model: str | None = None, shape: Mapping[str, Any] = CPU_SHAPE
+) -> Iterator[ServiceUrls]:
     """The configured services, with the missing ones started locally for the ``with`` block.
 
     Args:
         run_dir: the run's folder (embedded Qdrant storage, trainer jobs, service logs).
         model: the policy's starting model (HF id or folder); None = the bundled default.
+        shape: the run's episode shape, a local policy's /v1/answer limits (:func:`policy_limits`).
     """
     config = get_settings()
     fanout.use_eager(config.celery_broker_url is None)
@@ -203,7 +223,7 @@ def services(run_dir: Path, model: str | None = None) -> Iterator[ServiceUrls]:
                 urls[name] = url.rstrip("/")
                 wait_ready(name, urls[name], None, None)
                 continue
-            env = service_env(name, run_dir, urls, token, model)
+            env = service_env(name, run_dir, urls, token, model, shape)
             urls[name] = stack.enter_context(local_process(name, env, run_dir / "logs"))
             if name == "policy":
                 _TOKENS[urls[name]] = token

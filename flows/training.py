@@ -5,11 +5,12 @@ the trainer service (``POST /v1/jobs``) that starts from the previous segment's 
 SFT warm start is segment zero. Between two segments the flow
 
 1. registers the segment's checkpoint on the pipeline run at its global step;
-2. copies the job's training curves (``reward``, ``loss``, ``rewards/*``) and its judge counts
-   (``judge/*``: who decided the reward's verdicts, the fallbacks) into the run's metrics
-   as ``train/<name>`` at global steps;
+2. copies the job's training curves (``reward``, ``reward_std``, ``loss``, ``rewards/*``, the
+   shares of episodes cut ``ended/*``) and its judge counts (``judge/*``: who decided the reward's
+   verdicts, the fallbacks) into the run's metrics as ``train/<name>`` at global steps;
 3. checks the policy on dev: serves the checkpoint (``POST /v1/admin/checkpoint``), rolls out the
-   dev questions (:func:`flows.rollouts.collect_rollouts`) and scores them
+   dev questions greedily in the trainer's episode shape (:func:`dev_options`,
+   :func:`flows.rollouts.collect_rollouts`) and scores them
    (:func:`flows.rollouts.score_rewards`): ``dev/return``, ``dev/em``, ...;
 4. feeds the check to the recipe's own curriculum (when-to-search: switch at ``switch_step`` or
    on a plateau of the dev return; EVO-RAG: a plateau of the dev return's EMA), logs
@@ -21,8 +22,9 @@ registered is not trained again, a check whose ``dev/em`` is logged is not rolle
 the curriculum replays the logged dev returns. A segment killed midway is resumed from its job's
 latest checkpoint: the segment's job id is kept in ``<run folder>/jobs/segments.json``.
 
-Known gap: the trainer restarts a job's curriculum in stage 1; a stage-2 segment of when-to-search
-is forced with ``switch_step=0``, so its first step still uses stage-1 rewards.
+A stage-2 segment of when-to-search is a job with ``switch_step=0``, whose curriculum starts in
+stage 2 (:class:`hoprl.recipes.when_to_search.Curriculum`): its first step trains on stage-2
+rewards, so even a one-step segment trains in stage 2.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from flows.stack import ServiceUrls, admin_token
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.trainer import TrainerClient
 from hoprl.recipes import get_recipe
+from hoprl.schemas.trainer import EVAL_TEMPERATURE, job_episode_shape
 
-COPIED_METRICS = ("reward", "loss", "kl", "reward_std")
+COPIED_METRICS = ("reward", "loss", "kl", "reward_std", "searches")
+COPIED_PREFIXES = ("rewards/", "ended/", "judge/")  # reward components; shares of episodes cut; judge counts
 NEVER_SWITCH = 10**9
 
 
@@ -120,8 +124,7 @@ def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: st
 def copy_curves(run_id: str, job_id: str, offset: int) -> None:
     """The job's per-step training metrics as the run's ``train/<name>`` at global steps."""
     reg = registry()
-    copied = [n for n in reg.latest_metrics(job_id)]
-    names = [n for n in copied if n in COPIED_METRICS or n.startswith(("rewards/", "judge/"))]
+    names = [n for n in reg.latest_metrics(job_id) if n in COPIED_METRICS or n.startswith(COPIED_PREFIXES)]
     by_step: dict[int, dict[str, float]] = {}
     for name in names:
         for step, value in reg.metric_series(job_id, name):
@@ -154,6 +157,17 @@ def warm_start(run_id: str, request: dict[str, Any], urls: ServiceUrls) -> dict[
     return {"checkpoint_id": row.id, "path": row.path, "step": 0}
 
 
+def dev_options(request: dict[str, Any], stage: Any, model: str) -> dict[str, Any]:
+    """A dev check's episodes: the trainer's episode shape for ``request`` (the function its
+    rollouts read, :func:`hoprl.schemas.trainer.job_episode_shape`), greedy, in curriculum ``stage``."""
+    recipe_config = {
+        **request["hyperparameters"].get("recipe_config", {}),
+        **stage_config(request["recipe"], stage),
+    }
+    return {**job_episode_shape(request), "temperature": EVAL_TEMPERATURE, "model": model,
+            "recipe_config": recipe_config}  # fmt: skip
+
+
 def dev_check(
     run_id: str,
     step: int,
@@ -167,10 +181,6 @@ def dev_check(
     logged = dict(registry().metric_series(run_id, "dev/return"))
     if step not in logged:
         model = serve_checkpoint(urls.policy, path)
-        recipe_config = {
-            **request["hyperparameters"].get("recipe_config", {}),
-            **stage_config(request["recipe"], stage),
-        }
         collect_rollouts(
             run_id,
             step,
@@ -180,7 +190,7 @@ def dev_check(
             urls.policy,
             urls.retriever,
             limit=dev["limit"],
-            options={"model": model, "recipe_config": recipe_config},
+            options=dev_options(request, stage, model),
         )
         logged[step] = score_rewards(run_id, step, urls.judge, prefix="dev")["dev/return"]
     return logged[step]

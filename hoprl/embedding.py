@@ -146,25 +146,6 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def load_embedder(
-    model: str | Path | None = None,
-    backend: Backend = "torch",
-    max_length: int = 256,
-    batch_size: int = 32,
-    threads: int = 0,
-    query_threads: int = 1,
-) -> TextEncoder:
-    """An embedder on ``backend``: torch (bf16 autocast where the CPU has it), or ONNX Runtime in
-    float32 or with int8 weights (:mod:`hoprl.onnx_embedding`). ``threads`` and ``query_threads``
-    size ONNX Runtime's sessions; the torch embedder switches per block (:meth:`TextEncoder.threads`)."""
-    if backend == "torch":
-        return Embedder(model, max_length=max_length, batch_size=batch_size)
-    from hoprl.onnx_embedding import OnnxEmbedder
-
-    return OnnxEmbedder(model, max_length=max_length, batch_size=batch_size, quantize=backend == "onnx-int8",
-                        threads=threads, query_threads=query_threads)  # fmt: skip
-
-
 @functools.lru_cache(maxsize=4)
 def get_embedder(model: str | None = None, max_length: int = 256) -> Embedder:
     """A process-wide embedder (loading takes ~1 s; reuse it)."""

@@ -25,8 +25,10 @@ the whole episode (outcome ``timeout``, steps so far kept).
 
 Optional recipe hooks beyond :class:`~hoprl.recipes.base.Recipe`, read with ``getattr``:
 
-- ``retrieve_first: bool = False``: before step 1 the runner searches once with the question and
-  builds the prompt with ``recipe.messages(question, docs=docs)``. That retrieval is recorded on
+- ``retrieve_first: bool | "without_references" = False``: before step 1 the runner searches once
+  with the question and builds the prompt with ``recipe.messages(question, docs=docs)``
+  (``"without_references"``: only for a question that brings no paragraphs of its own, ARENA's
+  references when an application asks a bare question). That retrieval is recorded on
   step 1 (``queries == [question]``, its ``docs``), so retrieval counts and recall see it; its
   text lives in the prompt, not in ``Step.information``.
 - ``retry_message: str = ""`` and ``end_on_format_error: bool = True`` (see above).
@@ -164,7 +166,8 @@ class _Run:
         return completion
 
     async def start(self) -> None:
-        if getattr(self.recipe, "retrieve_first", False):
+        first = getattr(self.recipe, "retrieve_first", False)
+        if first is True or (first == "without_references" and not self.question.paragraphs):
             self.first_docs = await self.retrieve([self.question.question])
             messages = self.recipe.messages(self.question, docs=self.first_docs)  # type: ignore[call-arg]
         else:

@@ -22,6 +22,18 @@ ActionKind = Literal[
 ]
 
 Outcome = Literal["answer", "refuse", "stop", "step_cap", "token_budget", "format_error", "timeout"]
+#: outcomes of an episode cut before the recipe's own ending, reported per phase as ``ended/<name>``
+CUT_OUTCOMES = ("token_budget", "format_error", "step_cap")
+
+
+def cut_shares(outcomes: list[str]) -> dict[str, float]:
+    """The share of episodes that ended on each :data:`CUT_OUTCOMES` (0.0 each without episodes).
+
+    >>> cut_shares(["answer", "token_budget", "format_error", "answer"])
+    {'ended/token_budget': 0.25, 'ended/format_error': 0.25, 'ended/step_cap': 0.0}
+    """
+    n = max(len(outcomes), 1)
+    return {f"ended/{name}": outcomes.count(name) / n for name in CUT_OUTCOMES}
 
 
 class RetrievedDoc(BaseModel):

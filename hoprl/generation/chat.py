@@ -47,10 +47,6 @@ def sampling_params(
                           seed=seed, logprobs=logprobs, deadline=deadline, grammar=grammar)  # fmt: skip
 
 
-#: tokens an information turn is assumed to take before the episode has shown one
-INFORMATION_GUESS = 512
-
-
 @dataclass(frozen=True)
 class Constraint:
     """Serve an episode under its recipe's action grammar (:mod:`hoprl.agent.grammar`).
@@ -58,15 +54,28 @@ class Constraint:
     Args:
         recipe: the recipe's name (its grammar family).
         max_steps: the episode's step cap.
-        step_tokens: the runner's full ``max_tokens`` per step (a call asking for fewer means the
-            runner's token budget is nearly spent).
+        step_tokens: the runner's full ``max_tokens`` per step (a closing turn is sized for it).
         token_budget: the episode's budget of context growth (the runner's ``token_budget``).
         count: tokens of a chat under the model's template.
 
     A step may only end the episode (the grammar's *final* turn) when it is the last allowed step,
-    or when the budget could not hold this step, the documents a search would bring (as many
-    tokens as the largest information turn so far) and a closing step after them: otherwise the
-    runner would stop the episode for its budget with no answer.
+    or when, after this step, the runner would not give the next one room for a closing turn.
+    That is the runner's own accounting (:mod:`hoprl.agent.runner`): before each call it grants
+    ``min(step_tokens, token_budget - used)`` tokens, ``used`` being the context growth its *last*
+    call reported (prompt growth + completion), and stops the episode only when nothing is left.
+    An information block enters ``used`` on the model call after it is injected, so it limits the
+    call after that one: when this step is decoded, every block injected so far is already in
+    ``grown`` (measured on the chat), and the documents this step's search would bring do not
+    shorten the next call. The next call therefore gets at least ``min(step_tokens, token_budget -
+    grown - longest(this step))``; this step may search when that holds a closing turn:
+
+        grown + normal.longest + closing.longest <= token_budget
+
+    with ``normal`` this step's grammar at its grant and ``closing`` the final turn's at
+    ``step_tokens``. A grant smaller than ``step_tokens`` is no reason to close by itself.
+
+    (no guess of the documents' size: at ``make run``'s shape the old 512-token guess made every
+    step final at step 1, so the constrained model never searched).
     """
 
     recipe: str
@@ -75,21 +84,21 @@ class Constraint:
     token_budget: int
     count: Callable[[Messages], int]
 
-    def grammar(
-        self, messages: Messages, step: int, max_tokens: int, grown: int, information: int
-    ) -> Grammar | None:
+    def grammar(self, messages: Messages, step: int, max_tokens: int, grown: int) -> Grammar | None:
         """The grammar of step ``step`` (0-based) after ``messages``, the chat having ``grown`` tokens
-        since its first prompt; None when even the tags do not fit in ``max_tokens`` (that step
-        decodes free and the response says so)."""
+        since its first prompt (information blocks included); None when even the tags do not fit in
+        ``max_tokens`` (that step decodes free and the response says so)."""
         after = len(messages) >= 2 and messages[-2]["role"] == "assistant"
-        try:
-            final = step + 1 >= self.max_steps or max_tokens < self.step_tokens
-            if not final:
+        if step + 1 < self.max_steps:
+            try:
                 normal = grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after, False))
-                closing = grammar(self.recipe, max_tokens=max_tokens, turn=Turn(True, True))
-                final = grown + normal.longest + information + closing.longest > self.token_budget
-                if not final:
+                closing = grammar(self.recipe, max_tokens=self.step_tokens, turn=Turn(True, True))
+            except ValueError:  # this step's grant cannot hold a search's tags: it may only close
+                pass
+            else:
+                if grown + normal.longest + closing.longest <= self.token_budget:
                     return normal
+        try:
             return grammar(self.recipe, max_tokens=max_tokens, turn=Turn(after, True))
         except ValueError:
             return None
@@ -153,11 +162,7 @@ class EngineChat:
         return gens
 
     def rule(self, messages: Messages, max_tokens: int) -> Grammar | None:
-        """The constraint's grammar for the next step, from the chat's growth so far."""
+        """The constraint's grammar for the next step, from the chat's measured growth so far."""
         assert self.constraint is not None
         self.sizes.append(self.constraint.count(messages))
-        turns = zip(self.sizes, self.sizes[1:], self.calls, strict=False)
-        information = max((after - before - len(g.token_ids) for before, after, g in turns), default=0)
-        grown = self.sizes[-1] - self.sizes[0]
-        step = len(self.calls)
-        return self.constraint.grammar(messages, step, max_tokens, grown, max(information, INFORMATION_GUESS))
+        return self.constraint.grammar(messages, len(self.calls), max_tokens, self.sizes[-1] - self.sizes[0])

@@ -19,7 +19,11 @@ Rewards (each its own function; the paper's total is their sum):
   paragraphs, read from the ``paragraphs`` column passed to the reward.
 - bonus: 10 when format, accuracy and relevance are all exactly 1, else 0.
 
-No retrieval happens: the runner sees ``parse`` return an answer on the first step.
+The references are the question's own paragraphs (the paper's setting: the datasets' 10
+paragraphs for HotpotQA and 2WikiMultiHopQA, Table 2). A question that brings none (an
+application's bare question to ``/v1/answer``) gets ``top_k`` = 10 references retrieved with the
+question before the single turn (the runner's ``retrieve_first = "without_references"``), numbered
+the same way and cited in the answer's citations.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class ArenaConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     system_prompt: str = ARENA_PROMPT
-    top_k: int = 1  # unused: ARENA never retrieves; kept for the runner's interface
+    top_k: int = 10  # references retrieved for a question without its own (Table 2: 10 paragraphs)
     format_score: float = 1.0
     accuracy_score: float = 1.0
     relevance_full: float = 1.0
@@ -194,13 +198,22 @@ class Arena:
 
     name: ClassVar[str] = "arena"
     stop: ClassVar[list[str]] = ["</answer>"]
+    retrieve_first: ClassVar[str] = "without_references"  # hoprl.agent.runner's hook
 
     def __init__(self, **config: Any) -> None:
         self.config = ArenaConfig(**config)
         self.top_k = self.config.top_k
 
-    def messages(self, question: Question) -> list[dict[str, str]]:
-        refs = "\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(question.paragraphs, 1))
+    def messages(
+        self, question: Question, docs: list[list[RetrievedDoc]] | None = None
+    ) -> list[dict[str, str]]:
+        """The numbered references (the question's paragraphs, else the retrieved ``docs``) and
+        the question."""
+        refs = (
+            format_docs(docs)
+            if docs
+            else "\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(question.paragraphs, 1))
+        )
         user = f"References:\n{refs}\n\nQuestion: {question.question}"
         return [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": user}]
 

@@ -52,7 +52,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from hoprl.agent.parsing import outside_text, parse_tags
 from hoprl.agent.trajectory import Episode
@@ -123,6 +123,10 @@ class Curriculum(BaseModel):
     ``mode="steps"`` switches at ``switch_step``; ``mode="plateau"`` switches when the EMA of the
     mean reward improves by less than ``eps`` for ``patience`` consecutive checks. The whole state
     round-trips through :meth:`to_dict` / :meth:`from_dict`, so training resumes where it stopped.
+
+    A ``steps`` schedule with ``switch_step <= 0`` starts in stage 2: its first step already trains
+    with stage-2 rewards (a pipeline's stage-2 segment is such a job; checked only after a step, a
+    one-step segment would train entirely in stage 1).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -136,6 +140,12 @@ class Curriculum(BaseModel):
     ema: float | None = None
     flat_checks: int = 0
     switched_at: int | None = None
+
+    @model_validator(mode="after")
+    def _from_step_zero(self) -> Curriculum:
+        if self.mode == "steps" and self.switch_step <= 0 and self.stage == 1:
+            self.stage, self.switched_at = 2, 0
+        return self
 
     def update(self, step: int, mean_reward: float | None = None) -> bool:
         """Record one check at training ``step``; returns True when this call switched stage."""

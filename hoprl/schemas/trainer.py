@@ -60,17 +60,28 @@ def objective_defaults(recipe: str, objective: str) -> dict[str, Any]:
 
 #: ``preset="cpu"``: the papers' settings scaled down to what two CPU cores train in minutes with
 #: SmolLM2-135M (``make run``, ``hoprl pipeline --small``). Only sizes change; objectives, clips, KL
-#: and rewards stay the paper's. The policy's /v1/answer limits of a local pipeline follow it
-#: (flows/stack.py POLICY_LIMITS), so a run is evaluated in the shape it was trained in.
+#: and rewards stay the paper's. The episode shape (:func:`episode_shape`) is every phase's: the
+#: trainer's rollouts, the flows' dev checks and the /v1/answer limits of the policy a local
+#: pipeline starts (flows/stack.py), so a run is evaluated in the shape it was trained in.
 CPU_PRESET: dict[str, Any] = {
     "questions_per_step": 2,  # groups per step; Search-R1 trains 512 prompts a step on 8 GPUs
     "num_generations": 4,  # group size (Search-R1: 5); 4 keeps a GRPO step of 2 groups at ~10-30 s
-    "max_turns": 4,  # agent steps (when-to-search 5, EVO-RAG T_max 20): ~64 tokens each on a CPU
-    "max_new_tokens_per_step": 64,  # tokens one step generates (Search-R1 allows 500 per turn)
-    "token_budget": 512,  # context growth per episode: 4 steps of 64 tokens plus the synthetic
-    #                       world's short documents (a 3-document block is ~174 tokens)
+    "max_turns": 4,  # agent steps (when-to-search 5, EVO-RAG T_max 20): two searches and an answer
+    # tokens one step generates (Search-R1 allows 500 per turn): when-to-search's expert segments in
+    # the synthetic world take up to 66 tokens (measured, SmolLM2's tokenizer), so at 64 the SFT
+    # model's answers were cut mid-tag; 96 holds them with room to spare
+    "max_new_tokens_per_step": 96,
+    # context growth per episode: a two-search episode with when-to-search's 5 documents a search
+    # fits whole: 3 turns of 96 + 2 blocks of the largest measured 5-document block (395 tokens in
+    # the synthetic world) + 64 of chat-template glue = 288 + 790 + 64 = 1142 <= 1152
+    "token_budget": 1152,
     "save_steps": 5,  # checkpoints of short segments
 }
+
+#: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
+#: papers' 1e-6 (7B-8B models over hundreds of steps) barely moves SmolLM2-135M in the demo's few
+#: steps; 1e-5 is the generic RL value the demo was sized with
+CPU_RL_LEARNING_RATE = 1e-5
 
 #: recipe config scaled with the cpu preset (merged under the request's recipe_config)
 CPU_RECIPE_CONFIG: dict[str, dict[str, Any]] = {
@@ -133,9 +144,9 @@ class Hyperparameters(BaseModel):
 
     preset: Preset = Field(
         "paper",
-        description="paper: the papers' settings (configs/<recipe>.yaml); cpu: the same recipe with its "
-        "sizes scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 64 "
-        "tokens, 512-token episodes); a value the request sets wins over both",
+        description="paper: the papers' settings (configs/<recipe>.yaml); cpu: the same recipe with its sizes "
+        "scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 96 "
+        "tokens, 1152-token episodes); a value the request sets wins over both",
     )
 
     learning_rate: float | None = Field(
@@ -180,7 +191,7 @@ class Hyperparameters(BaseModel):
         ge=16,
         le=MAX_TOKEN_BUDGET,
         description="context growth per episode (generated + injected tokens); unset: EVO-RAG and "
-        "when-to-search enough for their max turns of searches, cpu preset 512, else 512",
+        "when-to-search enough for their max turns of searches, cpu preset 1152, else 512",
     )
     temperature: float = Field(1.0, gt=0, le=2, description="rollout sampling temperature (Search-R1's 1.0)")
     search_mode: Literal["dense", "sparse", "hybrid"] = "hybrid"
@@ -276,6 +287,8 @@ class Hyperparameters(BaseModel):
         scaled = preset_recipe_config(self.preset, recipe)
         values["recipe_config"] = {**paper.pop("recipe_config", {}), **scaled, **values["recipe_config"]}
         preset = CPU_PRESET if self.preset == "cpu" else {}
+        if preset and objective != "sft":
+            preset = {**preset, "learning_rate": CPU_RL_LEARNING_RATE}
 
         def fill(layer: dict[str, Any]) -> None:
             for key, value in layer.items():
@@ -291,6 +304,34 @@ class Hyperparameters(BaseModel):
               "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
               "preference_model": False})  # fmt: skip
         return Hyperparameters.model_validate(values)
+
+
+#: How a pipeline's phases decode one episode shape: training rollouts sample at the job's
+#: ``temperature`` (Search-R1's 1.0); dev checks and every evaluation (baselines, final) decode
+#: greedily; none of them decodes under the recipe's action grammar (the policy a local pipeline
+#: starts serves /v1/answer free), so a format error counts alike in training, dev and evaluation.
+EVAL_TEMPERATURE = 0.0
+
+
+def episode_shape(hp: Hyperparameters) -> dict[str, int]:
+    """The episode limits of a resolved job (:meth:`Hyperparameters.resolved`), as
+    :class:`hoprl.agent.runner.RunOptions` fields: the one source of the trainer's rollouts, the
+    flows' dev checks and the /v1/answer limits of a local pipeline's policy.
+
+    >>> episode_shape(Hyperparameters(preset="cpu").resolved("search-r1"))
+    {'max_steps': 4, 'max_new_tokens_per_step': 96, 'token_budget': 1152}
+    """
+    return {
+        "max_steps": hp.max_turns,
+        "max_new_tokens_per_step": hp.max_new_tokens_per_step,
+        "token_budget": hp.token_budget,
+    }
+
+
+def job_episode_shape(request: dict[str, Any]) -> dict[str, int]:
+    """:func:`episode_shape` of a job request as JSON (what the flows send to the trainer)."""
+    job = JobRequest.model_validate(request)
+    return episode_shape(job.hyperparameters.resolved(job.recipe, job.objective))
 
 
 def reward_scaling(hp: Hyperparameters, objective: str) -> str:

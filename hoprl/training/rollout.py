@@ -54,13 +54,14 @@ import torch
 
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode
+from hoprl.agent.trajectory import Episode, cut_shares
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.baselines import generated_texts
 from hoprl.schemas import Question
+from hoprl.schemas.trainer import EVAL_TEMPERATURE
 from hoprl.training import distributed
 from hoprl.training.hardware import bf16_mixed_precision
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
@@ -137,11 +138,13 @@ def score(reward_funcs: Sequence[Any], weights: Sequence[float], episodes: list[
 
 
 def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Per-episode means logged with each step: seconds spent retrieving and generating, and
-    ``searches`` (retrievals; when-to-search's stage 2 should lower it)."""
+    """Per-episode means logged with each step: seconds spent retrieving and generating,
+    ``searches`` (retrievals; when-to-search's stage 2 should lower it) and the shares of episodes
+    cut by the token budget, a format error or the step cap (``ended/*``: :func:`cut_shares`)."""
     n = max(len(episodes), 1)
     stats = {f"{k}_s": sum(e.timings.get(k, 0.0) for e in episodes) / n for k in ("retrieval", "generation")}
-    return stats | {"searches": sum(e.retrieval_count for e in episodes) / n}
+    searches = {"searches": sum(e.retrieval_count for e in episodes) / n}
+    return stats | searches | cut_shares([e.outcome for e in episodes])
 
 
 @dataclass
@@ -245,8 +248,9 @@ class AgentRollout:
         }
 
     def evaluate(self, questions: Sequence[Question]) -> float:
-        """Mean total reward of one episode per question with the current weights (curriculum
-        checks on a dev split); needs one training rollout first (it made the engine).
+        """Mean total reward of one greedy episode per question with the current weights (curriculum
+        checks on a dev split, in the rollouts' shape); needs one training rollout first (it made
+        the engine).
 
         Several processes: every rank runs its share of the questions (``rank::world``) and the
         totals are gathered, so every rank gets the same mean (every rank must call it).
@@ -262,13 +266,14 @@ class AgentRollout:
                 trainer._last_loaded_step = trainer.state.global_step
         else:
             model = engine.model
+        greedy = {**self.opts.episode, "temperature": EVAL_TEMPERATURE}  # as the flows' dev checks
 
         async def run() -> list[Episode]:
             retriever = AsyncRetrieverClient(self.opts.retriever_url)
             try:
                 return await run_episodes(
                     self.recipe, mine, EngineChat(engine), retriever, self.opts.collection,
-                    concurrency=self.opts.concurrency, **self.opts.episode,
+                    concurrency=self.opts.concurrency, **greedy,
                 )  # fmt: skip
             finally:
                 await retriever.aclose()

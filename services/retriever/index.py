@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from hoprl.embedding import TextEncoder, load_embedder
+from hoprl.embedding import Backend, Embedder, TextEncoder
+from hoprl.onnx_embedding import OnnxEmbedder
 from hoprl.schemas import Document
 from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchRequest, SearchResponse
 from services.retriever.settings import RetrieverSettings
@@ -28,6 +30,24 @@ from services.retriever.store import (
 log = logging.getLogger("hoprl.retriever")
 #: points fetched beyond ``top_k``, so that a tie at the cut is broken by doc id, not by the engine
 TIE_MARGIN = 8
+
+
+def load_embedder(
+    model: str | Path | None = None,
+    backend: Backend = "torch",
+    max_length: int = 256,
+    batch_size: int = 32,
+    threads: int = 0,
+    query_threads: int = 1,
+) -> TextEncoder:
+    """An embedder on ``backend``: torch (bf16 autocast where the CPU has it), or ONNX Runtime in
+    float32 or with int8 weights (:mod:`hoprl.onnx_embedding`; here, beside its one consumer, so
+    the two embedding modules import one way only). ``threads`` and ``query_threads``
+    size ONNX Runtime's sessions; the torch embedder switches per block (:meth:`TextEncoder.threads`)."""
+    if backend == "torch":
+        return Embedder(model, max_length=max_length, batch_size=batch_size)
+    return OnnxEmbedder(model, max_length=max_length, batch_size=batch_size, quantize=backend == "onnx-int8",
+                        threads=threads, query_threads=query_threads)  # fmt: skip
 
 
 class CollectionNotFound(LookupError):

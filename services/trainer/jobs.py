@@ -45,7 +45,7 @@ from hoprl.recipes import get_recipe, reward_weights
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
-from hoprl.schemas.trainer import Hyperparameters, JobRequest
+from hoprl.schemas.trainer import Hyperparameters, JobRequest, episode_shape
 from hoprl.training import distributed
 from hoprl.training.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
 from hoprl.training.rollout import RolloutOptions
@@ -260,8 +260,6 @@ def rollout_options(request: JobRequest, hp: Hyperparameters, collection: str,
     """How every RL objective rolls out: one definition, so GRPO, PPO and DPO episodes match."""
     return RolloutOptions(
         collection=collection, retriever_url=settings.retriever_url, num_generations=hp.num_generations,
-        episode={"max_steps": hp.max_turns, "max_new_tokens_per_step": hp.max_new_tokens_per_step,
-                 "token_budget": hp.token_budget, "temperature": hp.temperature,
-                 "search_mode": hp.search_mode},
+        episode={**episode_shape(hp), "temperature": hp.temperature, "search_mode": hp.search_mode},
         dynamic_sampling=bool(hp.dynamic_sampling), max_resample=hp.max_resample, seed=request.seed,
     )  # fmt: skip

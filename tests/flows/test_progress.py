@@ -48,6 +48,11 @@ HEAD = "grpo job-1 (seg)"
         (job(10, "succeeded", loss=0.125), 12.0, 210.0,
          f"{HEAD} [##########] step 10/10 (100%), loss 0.125, succeeded"),
         (job(4, "failed"), None, 30.0, f"{HEAD} [####------] step 4/10 (40%), failed"),
+        # 1 of 8 episodes cut by the token budget, 2 of 8 by a format error (1/8 = 0.125, 2/8 = 0.25)
+        (Job.model_validate({**job(5).model_dump(), "metrics": {"reward": 0.5, "ended/token_budget": 0.125,
+                                                              "ended/format_error": 0.25}}), None, 1.0,
+         f"{HEAD} [#####-----] step 5/10 (50%), reward 0.500, cut by token_budget 0.12 / format_error 0.25, "
+         "1 s in"),
     ],
 )  # fmt: skip
 def test_progress_line(state: Job, rate: float | None, waited: float, text: str) -> None:

@@ -16,6 +16,7 @@ from matplotlib.text import Text
 from flows.report import accuracy_figure, markdown_table
 from flows.runs import registry
 from hoprl.registry import Prediction
+from hoprl.schemas import Question
 
 # (label, recipe, per-question EM): three evaluations on the same point (EM 0, 1 retrieval)
 EVALUATIONS = [
@@ -60,8 +61,9 @@ def test_report_tables_are_narrow(run_id: str) -> None:
     assert max(len(v) for c in cells for v in c) <= 24
     # Nothing was dropped: every evaluation and every metric is still in the report.
     for label, _, _ in EVALUATIONS:
-        assert sum(c[0] == label for c in cells) == 5  # answers, EM vs baseline, agent, index, time
-    assert "| final | when-to-search | 0.750 | 0.750 | 0.500 | 1.000 |" in text
+        # answers, how episodes ended, by type, EM vs baseline, agent, index, time
+        assert sum(c[0] == label for c in cells) == 7
+    assert "| final | when-to-search | - | 0.750 | 0.500 | 1.000 |" in text  # stored before em_scored
     assert "| final | 2.500 | 0.750 | 0.500 | 0.625 |" in text  # the agent's retrieval at its K
     assert "| final | 0.250 | 0.500 | 0.250 | 0.312 |" in text  # the index's
     assert "| final | 1.234 | 2.500 | 0.050 | 1.125 |" in text
@@ -80,6 +82,62 @@ def test_report_flags_rules_verdicts_where_the_paper_used_an_llm(run_id: str) ->
     registry().log_metrics(run_id, 4, {f"train/{k}": v for k, v in counts.items()})
     text = markdown_table(run_id)
     assert "## Judge" in text and "3 of 8 verdicts came from the rules judge" in text
+
+
+#: (label, recipe, per-question EM) on q0-q3 (bridge-2, bridge-3, comparison, comparison) and q4
+#: (unanswerable); no recipe here has a refusal action
+SCORED = [
+    ("baseline", "when-to-search", [0, 0, 0, 0, 0]),
+    ("baseline/naive-rag", "naive-rag", [0, 0, 1, 0, 0]),
+    ("sft", "when-to-search", [1, 0, 0, 0, 0]),
+    ("final", "when-to-search", [1, 1, 0, 1, 0]),
+]
+
+
+def test_the_report_scores_what_the_recipe_can_act_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Untrained, naive-rag, SFT and RL rows; EM leaves the unanswerable question out for recipes
+    without a refusal action (final: 3 of the 4 answerable = 0.750; over all 5: 0.600); per type,
+    final's bridge EM is 2/2 = 1.000 and comparison 1/2 = 0.500; the bootstraps pair the 4
+    answerable questions: final - baseline = 0.75 - 0 = +0.750, final - sft = 0.75 - 0.25 = +0.500."""
+    from flows.evaluate import breakdown
+
+    monkeypatch.setenv("HOPRL_DATABASE_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+    monkeypatch.setenv("HOPRL_RUNS_DIR", str(tmp_path / "runs"))
+    types = ["bridge-2", "bridge-3", "comparison", "comparison", "bridge-2"]
+    questions = [
+        Question(
+            id=f"q{i}",
+            dataset="synthetic",
+            split="test",
+            question="?",
+            type=t,
+            answers=["a"] if i < 4 else [],
+        )
+        for i, t in enumerate(types)
+    ]
+    reg = registry()
+    reg.create_run("scored", "when-to-search", "dapo", "tiny", {}, 0)
+    for label, recipe, ems in SCORED:
+        rows = [{"id": f"q{i}", "em": float(em), "f1": float(em), "retrievals": 1, "outcome": "answer"}
+                for i, em in enumerate(ems)]  # fmt: skip
+        verdicts = [bool(em) for em in ems]
+        metrics = {"label": label, "recipe": recipe, "questions": 5, "em": sum(ems) / 5,
+                   **breakdown(questions, rows, verdicts, recipe)}  # fmt: skip
+        predictions = [
+            Prediction(question_id=r["id"], prediction="x", refused=False, em=r["em"], f1=r["f1"],
+                       judge_verdict=v, retrieval_count=1, latency=1.0)
+            for r, v in zip(rows, verdicts, strict=True)
+        ]  # fmt: skip
+        reg.add_evaluation("scored", "synthetic", "test", metrics, predictions)
+    text = markdown_table("scored")
+    assert "| final | when-to-search | 0.750 | - | - | - |" in text
+    assert "| sft | when-to-search | 0.250 | - | - | - |" in text
+    assert "| final | 1.000 (2) | 0.500 (2) | 0.000 (1) | 0.600 |" in text
+    assert "1 of the questions have no answer" in text
+    rows = [line for line in text.splitlines() if line.startswith("| final | +")]
+    assert [r.split(" | ")[1] for r in rows] == ["+0.750", "+0.500"]  # against baseline, then sft
 
 
 def test_accuracy_plot_labels_never_overlap() -> None:
@@ -101,3 +159,17 @@ def test_accuracy_plot_labels_never_overlap() -> None:
             assert not a.overlaps(b), "two evaluation names overlap"
     finally:
         plt.close(fig)
+
+
+def test_the_training_plot_shows_the_rewards_spread_components_and_cuts(run_id: str, tmp_path: Path) -> None:
+    from flows.report import training_plot
+
+    reg = registry()
+    for step, (mean, std) in enumerate([(-0.9, 0.1), (-0.5, 0.4)], start=1):
+        reg.log_metrics(run_id, step, {"train/reward": mean, "train/reward_std": std,
+                                       "train/rewards/format/mean": mean / 2, "train/rewards/format/std": std,
+                                       "train/rewards/answer/mean": mean / 2,
+                                       "train/ended/token_budget": 0.25, "train/ended/format_error": 0.125,
+                                       "dev/em": 0.1 * step})  # fmt: skip
+    path = training_plot(run_id, tmp_path / "training.png")
+    assert path is not None and path.stat().st_size > 10_000

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from hoprl.embedding import Embedder, default_model_path, load_embedder
+from hoprl.embedding import Embedder, default_model_path
 from hoprl.onnx_embedding import SMALL_BATCH, OnnxEmbedder, export
+from services.retriever.index import load_embedder
 from services.retriever.settings import RetrieverSettings
 
 TEXTS = [
@@ -88,3 +89,17 @@ def test_query_threads_follow_the_backend() -> None:
     assert RetrieverSettings().search_threads == 0  # every core on onnx-int8, the default
     assert RetrieverSettings(embed_backend="torch").search_threads == 1
     assert RetrieverSettings(embed_backend="torch", query_threads=2).search_threads == 2
+
+
+def test_the_embedding_modules_import_one_way() -> None:
+    """hoprl.onnx_embedding builds on hoprl.embedding; hoprl.embedding never imports it back (the
+    backend chooser, load_embedder, lives with the retriever that uses it)."""
+    import ast
+    from pathlib import Path
+
+    import hoprl.embedding
+
+    tree = ast.parse(Path(hoprl.embedding.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "hoprl.onnx_embedding" not in imported

@@ -248,7 +248,7 @@ def test_a_prefect_flow_sends_the_key(keyed: dict[str, Service]) -> None:
         result = evaluate(
             "keyed", "baseline", data["paths"]["test"], index["collection"], "naive-rag", *urls, limit=2
         )
-        episode = {"max_steps": 1, "max_new_tokens_per_step": 8}  # the model's id comes from GET /v1/models
+        episode = {"max_steps": 1, "max_new_tokens_per_step": 8, "token_budget": 64}
         rollouts = collect_rollouts(
             "keyed", 1, data["paths"]["dev"], index["collection"], "naive-rag", *urls[:2], 1, options=episode
         )

@@ -329,3 +329,21 @@ def test_recipe_curriculum_from_config_drives_r_a() -> None:
     assert rewards(recipe, ep)[2] == 1.0
     recipe.curriculum.update(2)
     assert rewards(recipe, ep)[2] == pytest.approx(0.4)
+
+
+def test_a_stage_two_job_trains_in_stage_two_from_its_first_step() -> None:
+    """A pipeline's stage-2 segment is a job with switch_step=0 (flows.training.stage_config): its
+    curriculum starts in stage 2, so the r_a of its very first step is stage 2's (0.4 for the
+    two-search episode above, as after the switch in the previous test), even in a one-step segment."""
+    from flows.training import stage_config
+    from hoprl.training.callbacks import Curricula
+
+    config = stage_config("when-to-search", 2)
+    assert config == {"curriculum": "steps", "switch_step": 0}
+    recipe = get_recipe("when-to-search", **config)
+    assert recipe.curriculum.stage == 2 and recipe.curriculum.switched_at == 0
+    assert Curricula(recipe).stage == "stage2"  # what the trainer's job records from step 0
+    ep = episode(["Acme founder", "Jane Roe birthplace"], "Jane Roe")
+    assert rewards(recipe, ep)[2] == pytest.approx(0.4)
+    assert not recipe.curriculum.update(1)  # nothing left to switch
+    assert get_recipe("when-to-search", **stage_config("when-to-search", 1)).curriculum.stage == 1

@@ -135,18 +135,22 @@ def test_setting_off_and_an_engine_that_cannot_constrain(served: str, indexed: s
 
 
 def test_the_last_affordable_step_may_only_end_the_episode() -> None:
-    """A step turns final when it is the last allowed one, or when the budget could not hold it, the
-    documents a search would bring and a closing step: else the runner stops for its budget."""
+    """A step turns final when it is the last allowed one, or when after its longest search turn the
+    runner's next call could not hold a closing turn (tests/hoprl/agent/test_forced_ending.py has
+    the arithmetic): search-r1's turns are 105 tokens at 200 and 256, so 2048 - 105 - 105 = 1838 grown
+    tokens is the last point it may search."""
     from hoprl.generation.chat import Constraint
 
     first = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
     rule = Constraint("search-r1", max_steps=5, step_tokens=256, token_budget=2048, count=len)
-    free = rule.grammar(first, step=0, max_tokens=256, grown=0, information=512)
-    assert free is not None and "<search>" in free.lark
+    for free in (
+        rule.grammar(first, step=0, max_tokens=256, grown=0),
+        rule.grammar(first, step=1, max_tokens=200, grown=1838),  # a short grant is no reason to close
+    ):
+        assert free is not None and "<search>" in free.lark
     for late in (
-        rule.grammar(first, step=4, max_tokens=256, grown=0, information=512),  # the step cap
-        rule.grammar(first, step=1, max_tokens=200, grown=0, information=512),  # the runner's budget is short
-        rule.grammar(first, step=1, max_tokens=256, grown=1400, information=512),  # no room for documents
+        rule.grammar(first, step=4, max_tokens=256, grown=0),  # the step cap
+        rule.grammar(first, step=1, max_tokens=256, grown=1839),  # no room for a closing turn after it
     ):
         assert late is not None and "<search>" not in late.lark and "<answer>" in late.lark
-    assert rule.grammar(first, step=1, max_tokens=20, grown=0, information=512) is None  # not even the tags
+    assert rule.grammar(first, step=1, max_tokens=20, grown=0) is None  # not even the tags

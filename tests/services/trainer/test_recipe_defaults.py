@@ -25,11 +25,11 @@ import pytest
 
 from cli.pipeline import add_arguments, pipeline_options
 from flows.pipeline import job_request
-from flows.stack import POLICY_LIMITS
+from flows.stack import policy_limits
 from hoprl.agent.grammar import grammar
 from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
-from hoprl.schemas.trainer import Hyperparameters, JobRequest, recipe_objective
+from hoprl.schemas.trainer import Hyperparameters, JobRequest, job_episode_shape, recipe_objective
 from services.local import LocalServer
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
@@ -125,13 +125,14 @@ PROJECT: list[tuple[str, str, Any, str]] = [
     ("when-to-search", "epsilon_high", 0.28, "when-to-search names eps_high without a value: DAPO's own"),
 ]
 
-#: the cpu preset, by hand: 2 questions x 4 samples a step, 4 turns of 64 tokens, 512-token episodes
+#: the cpu preset, by hand: 2 questions x 4 samples a step, 4 turns of 96 tokens, 1152-token episodes
+#: (3 turns of 96 + 2 blocks of 395 tokens + 64 of template = 1142: a two-search episode fits)
 CPU = {
     "questions_per_step": 2,
     "num_generations": 4,
     "max_turns": 4,
-    "max_new_tokens_per_step": 64,
-    "token_budget": 512,
+    "max_new_tokens_per_step": 96,
+    "token_budget": 1152,
     "save_steps": 5,
 }
 
@@ -187,6 +188,16 @@ def test_the_cpu_preset_scales_sizes_and_keeps_the_papers_algorithm(recipe: str)
         "temperature",
     ):
         assert getattr(hp, name) == getattr(paper, name), name
+
+
+def test_the_cpu_preset_trains_rl_at_its_own_learning_rate_and_sft_at_the_generic() -> None:
+    """The papers' 1e-6 (configs) is for 7B-8B models over hundreds of steps; the cpu preset's RL
+    jobs train SmolLM2-135M at 1e-5 for a few steps, its SFT warm start at the generic 3e-4 (None
+    here: the trainer's SFT default fills it); the paper preset keeps the paper's 1e-6."""
+    assert resolve("when-to-search", preset="cpu")[1].learning_rate == 1e-5
+    assert resolve("when-to-search", "sft", preset="cpu")[1].learning_rate is None
+    assert resolve("when-to-search")[1].learning_rate == 1e-6  # Table 5
+    assert resolve("when-to-search", preset="cpu", learning_rate=2e-5)[1].learning_rate == 2e-5
 
 
 def test_the_cpu_preset_fits_evo_rags_whole_schedule_into_its_four_steps() -> None:
@@ -253,7 +264,7 @@ def make_run_command() -> list[str]:
 def test_make_run_sends_trainer_jobs_with_the_cpu_preset() -> None:
     """``make run``'s options, parsed by the command's own parser, make the pipeline send a trainer
     request that the trainer resolves to the cpu sizes; the policy it starts evaluates in that
-    shape (flows/stack.py POLICY_LIMITS)."""
+    shape (flows/stack.py policy_limits)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     options = pipeline_options(parser.parse_args(make_run_command()))
@@ -266,15 +277,14 @@ def test_make_run_sends_trainer_jobs_with_the_cpu_preset() -> None:
     hp = request.hyperparameters.resolved(request.recipe, request.objective)
     assert {k: getattr(hp, k) for k in CPU} == CPU
     assert request.objective == "dapo"  # when-to-search's paper objective, sizes scaled only
-    assert POLICY_LIMITS["POLICY_MAX_STEPS"] == str(CPU["max_turns"])
-    # the served step has room for the grammar's tags (bounded at one token per byte) beside the
-    # text: at 128 tokens when-to-search's caps scale by (128 - 53) / (165 - 53) = 0.67, so answers
-    # and queries keep int(24 * 0.67) = 16 tokens (at 64 they would keep 8 and the thoughts 1)
-    step = int(POLICY_LIMITS["POLICY_MAX_TOKENS_PER_STEP"])
-    assert step == 2 * CPU["max_new_tokens_per_step"]
-    served = grammar("when-to-search", max_tokens=step).lark
-    assert "answer_line[max_tokens=16]" in served and "query_line[max_tokens=16]" in served
-    assert POLICY_LIMITS["POLICY_TOKEN_BUDGET"] == str(CPU["token_budget"])
+    limits = policy_limits(job_episode_shape(body))
+    assert limits["POLICY_MAX_STEPS"] == str(CPU["max_turns"])
+    # the served step is the trained one, decoded free as in training (a request's constrained=true
+    # still gets the grammar, whose answers keep 9 tokens at 96: the pipeline never asks for it)
+    assert limits["POLICY_MAX_TOKENS_PER_STEP"] == str(CPU["max_new_tokens_per_step"])
+    assert "answer_line[max_tokens=9]" in grammar("when-to-search", max_tokens=96).lark
+    assert limits["POLICY_TOKEN_BUDGET"] == str(CPU["token_budget"])
+    assert limits["POLICY_CONSTRAINED_DECODING"] == "false"
 
 
 def test_evo_rag_pipelines_on_the_cpu_preset_check_the_curriculum_with_the_trained_config() -> None:

@@ -1,0 +1,74 @@
+"""One episode shape: the trainer's rollouts, the dev checks and /v1/answer read the same limits.
+
+``make run``'s shape by hand (the cpu preset, hoprl/schemas/trainer.py): 4 steps of 96 tokens and
+1152 tokens of context growth, 5 documents a search (when-to-search's top-k). Training samples at
+1.0 (Search-R1's temperature); dev checks and evaluations are greedy; none is grammar-constrained.
+Each test fails when its phase takes a limit from anywhere but the run's shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.pipeline import job_request, run_shape
+from flows.rollouts import collect_rollouts
+from flows.stack import service_env
+from flows.training import dev_options, segment_request
+from hoprl.recipes import get_recipe
+from hoprl.schemas.trainer import JobRequest, job_episode_shape
+from services.policy.settings import PolicySettings
+from services.trainer.jobs import rollout_options
+from services.trainer.settings import TrainerSettings
+
+SHAPE = {"max_steps": 4, "max_new_tokens_per_step": 96, "token_budget": 1152}
+PARAMS = {"recipe": "when-to-search", "objective": "dapo", "steps": 4, "hyperparameters": None,
+          "recipe_config": None, "preset": "cpu"}  # fmt: skip
+DATA = {"counts": {"train": 6}, "source": "synthetic", "paths": {"train": "unused.jsonl"}}
+
+
+def request() -> dict:
+    return job_request("when-to-search", "dapo", "synthetic", DATA, "c", 0, 4, None, None, "cpu")
+
+
+def test_the_run_records_make_runs_shape() -> None:
+    shape = run_shape(PARAMS)
+    assert {k: shape[k] for k in SHAPE} == SHAPE
+    assert shape["documents_per_search"] == 5 and shape["constrained"] is False
+    assert shape["temperature"] == {"train": 1.0, "dev": 0.0, "eval": 0.0}
+    assert shape["stop"] == list(get_recipe("when-to-search").stop)
+
+
+def test_training_rollouts_read_the_shape(tmp_path: Path) -> None:
+    """Every segment's request resolves, in the trainer, to rollouts of the run's shape at 1.0."""
+    body = segment_request(request(), "ckpt", 2, 2)
+    job = JobRequest.model_validate(body)
+    hp = job.hyperparameters.resolved(job.recipe, job.objective)
+    settings = TrainerSettings(runs_dir=tmp_path, retriever_url="http://127.0.0.1:9")
+    episode = rollout_options(job, hp, "c", settings).episode
+    assert {k: episode[k] for k in SHAPE} == SHAPE and episode["temperature"] == 1.0
+
+
+def test_dev_checks_read_the_shape_greedily() -> None:
+    options = dev_options(request(), 2, "model-id")
+    assert {k: options[k] for k in SHAPE} == SHAPE and options["temperature"] == 0.0
+    assert options["recipe_config"]["switch_step"] == 0  # stage 2 from its first step
+
+
+def test_a_collection_without_a_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match="episode shape"):
+        collect_rollouts.fn("r", 1, "dev.jsonl", "c", "naive-rag", "http://p", "http://r", options={})
+
+
+def test_the_local_policy_answers_in_the_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env a pipeline gives its policy, read by the policy's own settings: /v1/answer runs 4
+    steps of 96 tokens within 1152, free of the grammar, with the recipe's 5 documents a search."""
+    env = service_env("policy", tmp_path, {"retriever": "http://r"}, "t", None, job_episode_shape(request()))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = PolicySettings()
+    served = {"max_steps": settings.max_steps, "max_new_tokens_per_step": settings.max_tokens_per_step,
+              "token_budget": settings.token_budget}  # fmt: skip
+    assert served == SHAPE and settings.constrained_decoding is False
+    assert get_recipe("when-to-search").top_k == run_shape(PARAMS)["documents_per_search"]
