@@ -309,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ans.add_argument("--data-dir", default="../shared/data", help="--protocol: where the benchmark files are")
     ans.add_argument(
+        "--datasets",
+        nargs="+",
+        default=None,
+        help="--protocol: only these of its sets (e.g. hotpotqa musique)",
+    )
+    ans.add_argument(
         "--from-hub", action="store_true", help="--protocol: load sets missing from --data-dir from the hub"
     )
     ans.add_argument(

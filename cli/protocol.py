@@ -124,7 +124,12 @@ def run_protocol(
         f"metrics {', '.join(protocol.metrics)} ({protocol.metrics_source})"
     )
     reports = []
-    for evalset in protocol.sets:
+    chosen_sets = [s for s in protocol.sets if not args.datasets or s.dataset in args.datasets]
+    if not chosen_sets:
+        console.print(
+            f"[red]error:[/red] {protocol.paper} evaluates {', '.join(s.dataset for s in protocol.sets)}"
+        )
+    for evalset in chosen_sets:
         questions, origin = load_set(evalset, args)
         if questions is None:
             console.print(f"[yellow]skip[/yellow] {origin}")

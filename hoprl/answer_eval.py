@@ -40,8 +40,6 @@ from hoprl.schemas.policy import AnswerResponse
 
 #: outcomes that end an episode by the recipe's own final action
 ENDINGS = ("answer", "refuse", "stop")
-#: new tokens of the generation step's answer (a short answer; within the default POLICY_MAX_TOKENS)
-GENERATOR_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -61,6 +59,7 @@ class AnswerSettings:
     seed: int | None = None
     references: bool = False
     generator: str | None = None
+    generator_max_tokens: int = 256  # a short answer, within the default POLICY_MAX_TOKENS (512)
 
     @classmethod
     def of(cls, protocol: Protocol, seed: int | None = None) -> AnswerSettings:
@@ -147,8 +146,9 @@ async def generate_answer(
     docs = [[d for step in reply.steps or [] for hits in step.docs for d in hits]]
     start = time.perf_counter()
     (completion,) = await llm.chat(
-        recipe.messages(question, docs=docs), stop=list(recipe.stop), max_tokens=GENERATOR_MAX_TOKENS,
-        temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed,
+        recipe.messages(question, docs=docs), stop=list(recipe.stop),
+        max_tokens=settings.generator_max_tokens, temperature=settings.temperature, top_p=settings.top_p,
+        seed=settings.seed,
     )  # fmt: skip
     return recipe.parse(completion.text).answer, time.perf_counter() - start
 
