@@ -59,3 +59,18 @@ def test_arena_protocol_on_two_hotpotqa_questions(tmp_path: Path) -> None:
         ("Qwen2.5-7B-Instruct", "f1"): 0.762, ("Qwen2.5-7B-Instruct", "judge"): 0.812,
     }  # fmt: skip
     assert report["model"] == "smollm2-135m-instruct" and not any(r["compared"] for r in report["paper"])
+
+
+def test_pipeline_passes_the_protocol_to_the_flow() -> None:
+    import argparse
+    import inspect
+
+    from cli import pipeline as pipeline_cli
+    from flows.pipeline import pipeline
+
+    parser = argparse.ArgumentParser()
+    pipeline_cli.add_arguments(parser)
+    options = pipeline_cli.pipeline_options(parser.parse_args(["--small", "--protocol", "r2ag"]))
+    assert options["protocol"] == "r2ag" and options["data_dir"] == "../shared/data"
+    assert {"protocol", "data_dir"} <= set(inspect.signature(pipeline.fn).parameters)
+    assert "protocol" not in pipeline_cli.pipeline_options(parser.parse_args(["--small"]))
