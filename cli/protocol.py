@@ -106,7 +106,9 @@ def set_table(protocol: Protocol, evalset: EvalSet, report: dict[str, Any]) -> T
             label = r["model"] if r["compared"] else f"{r['model']} (the paper's, not this run's)"
             table.add_row("", "", f"{r['value']:g}", diff, label, r["source"])
     if "judge_backend" in report:
-        table.add_row("judge", report["judge_backend"], "", "", f"paper: {protocol.judge}", "this run")
+        table.add_row(
+            "judge backend", report["judge_backend"], "", "", f"paper: {protocol.judge}", "this run"
+        )
     return table
 
 

@@ -68,7 +68,7 @@ class AnswerSettings:
             temperature=protocol.temperature,
             top_p=protocol.top_p,
             seed=seed if protocol.temperature > 0 else None,
-            references=protocol.top_k.startswith("none"),
+            references=protocol.references,
             generator=protocol.generator,
         )
 

@@ -76,6 +76,7 @@ class Protocol:
     metrics_source: str
     judge: str | None  # the paper's judge model, when a reported metric uses one
     top_k: str
+    references: bool = False  # the model answers over the question's own paragraphs (sent with it)
     generator: str | None = None  # a recipe whose prompt generates the answer from the retrieved documents
     generator_source: str = ""
     max_tokens: int | None = None  # the paper's generation limit at evaluation, when it gives one
@@ -191,6 +192,7 @@ PROTOCOLS: dict[str, Protocol] = {
         metrics_source="§4.2, App. C: normalised EM, F1, LLM-as-a-Judge",
         judge="GPT-4o 2024-11-20 at temperature 0 (App. C.3)",
         top_k="none: the question's own paragraphs are the references (§4.4)",
+        references=True,
     ),
     "when-to-search": Protocol(
         recipe="when-to-search",
