@@ -175,7 +175,11 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
                 from services.local import LocalServer
 
                 judge_url = stack.enter_context(LocalServer(judge_app())).url
-            reports = protocol.run_protocol(args, policy_url, retriever_url, judge_url)
+            try:
+                reports = protocol.run_protocol(args, policy_url, retriever_url, judge_url)
+            except ValueError as exc:  # e.g. --repeatable with a sampled protocol
+                console.print(f"[red]error:[/red] {exc}")
+                return 2
             protocol.print_reports(args, reports)
             return 0
         rows = []

@@ -147,7 +147,8 @@ def run_protocol(
         )
         report = evaluate_answers(
             policy_url, retriever_url, chosen, recipe=protocol.recipe, collection=args.collection,
-            limit=args.limit, concurrency=args.concurrency, settings=settings,
+            limit=args.limit, concurrency=args.concurrency, settings=settings, repeatable=args.repeatable,
+            batch_size=args.batch_size,
         )  # fmt: skip
         rows = report.pop("predictions")
         models = {r["model"] for r in rows if r.get("model")}
