@@ -78,7 +78,9 @@ class AnswerSettings:
         if self.temperature > 0:
             out |= {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
         if self.references:
-            out["paragraphs"] = [p.model_dump() for p in question.paragraphs]
+            out["paragraphs"] = [
+                {"title": p.title, "text": p.text} for p in question.paragraphs
+            ]  # no gold flags
         return out
 
     @property

@@ -144,6 +144,7 @@ def test_protocol_settings_reach_the_request() -> None:
     assert not r2ag.greedy and AnswerSettings.of(PROTOCOLS["evo-rag"]).greedy
     arena = AnswerSettings.of(PROTOCOLS["arena"]).fields(shared_question())
     assert arena["max_steps"] == 1 and len(arena["paragraphs"]) == 10  # HotpotQA: 10 paragraphs each
+    assert all(set(p) == {"title", "text"} for p in arena["paragraphs"])  # the gold flags stay here
 
 
 def shared_question():  # type: ignore[no-untyped-def]
