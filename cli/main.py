@@ -4,6 +4,7 @@ Examples::
 
     hoprl serve retriever --port 8001
     hoprl eval-retrieval --data ../shared/data/hotpotqa_dev.jsonl --mode hybrid --k 2 5 10
+    hoprl eval-answers --protocol r2ag --limit 3
     hoprl synth --seed 0 --out data/synthetic
     hoprl reward --recipe evo-rag episode.json
     hoprl train --config configs/search-r1.yaml --small --wait
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +29,7 @@ SERVICES = {
     "judge": "services.judge.app:app",
     "trainer": "services.trainer.app:app",
 }
+TIMEOUT_VAR = "POLICY_REQUEST_TIMEOUT_S"
 DEFAULT_PORTS = {"retriever": 8001, "policy": 8002, "judge": 8003, "trainer": 8004}
 
 console = Console(stderr=True)
@@ -148,7 +151,10 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
     from hoprl.answer_eval import evaluate_answers
     from hoprl.data.sources import load
 
-    questions = load(args.data, split=args.split)
+    if bool(args.data) == bool(args.protocol):
+        console.print("[red]error:[/red] give --data (with --recipe) or --protocol <recipe>, one of them")
+        return 2
+    questions = load(args.data, split=args.split) if args.data else []
     with ExitStack() as stack:
         retriever_url = args.retriever_url
         if not retriever_url:
@@ -162,8 +168,28 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
             from services.policy.app import create_app as policy_app
             from services.policy.settings import PolicySettings
 
-            policy = policy_app(PolicySettings(retriever_url=retriever_url))
+            # A paper's protocol runs long episodes (EVO-RAG: 20 steps); on a CPU one can take minutes.
+            settings = PolicySettings(retriever_url=retriever_url)
+            if args.protocol and not os.environ.get(TIMEOUT_VAR):
+                settings.request_timeout_s = 3600.0
+            policy = policy_app(settings)
             policy_url = stack.enter_context(LocalServer(policy)).url
+        if args.protocol:
+            from cli import protocol
+
+            judge_url = args.judge_url
+            if not judge_url and "judge" in protocol.get_protocol(args.protocol).metrics:
+                from services.judge.app import create_app as judge_app
+                from services.local import LocalServer
+
+                judge_url = stack.enter_context(LocalServer(judge_app())).url
+            try:
+                reports = protocol.run_protocol(args, policy_url, retriever_url, judge_url)
+            except ValueError as exc:  # e.g. --repeatable with a sampled protocol
+                console.print(f"[red]error:[/red] {exc}")
+                return 2
+            protocol.print_reports(args, reports)
+            return 0
         rows = []
         for recipe in args.recipe:
             console.print(f"answering {args.limit or len(questions)} questions with {recipe}")
@@ -276,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     ev.set_defaults(func=cmd_eval_retrieval)
 
+    from hoprl.protocols import PROTOCOLS
+
     ans = sub.add_parser(
         "eval-answers",
         help="answer questions through the policy service; EM/F1 per recipe",
@@ -283,10 +311,38 @@ def build_parser() -> argparse.ArgumentParser:
         "agent loop against the retriever) and report EM, F1, retrieval count and latency. "
         "Without URLs, a retriever and the default policy model are started in-process.",
     )
-    ans.add_argument("--data", required=True, help="common-schema JSONL path, 'synthetic', or a hub name")
+    ans.add_argument("--data", default=None, help="common-schema JSONL path, 'synthetic', or a hub name")
+    ans.add_argument(
+        "--protocol",
+        default=None,
+        choices=sorted(PROTOCOLS),
+        help="run this paper's evaluation (hoprl/protocols.py) instead of --data/--recipe: its datasets and "
+        "splits, step cap, decoding, metrics; its results printed beside ours",
+    )
+    ans.add_argument("--data-dir", default="../shared/data", help="--protocol: where the benchmark files are")
+    ans.add_argument(
+        "--datasets",
+        nargs="+",
+        default=None,
+        help="--protocol: only these of its sets (e.g. hotpotqa musique)",
+    )
+    ans.add_argument(
+        "--from-hub", action="store_true", help="--protocol: load sets missing from --data-dir from the hub"
+    )
+    ans.add_argument(
+        "--collection",
+        default=None,
+        help="--protocol: search this collection instead of the pooled paragraphs",
+    )
+    ans.add_argument("--seed", type=int, default=0, help="--protocol: the paper's random sample and sampling")
+    ans.add_argument(
+        "--judge-url", default=None, help="--protocol: a judge service (default: one in-process)"
+    )
     ans.add_argument("--split", default="dev")
     ans.add_argument("--recipe", nargs="+", default=["naive-rag"], help="one or more recipe names")
-    ans.add_argument("--limit", type=int, default=200, help="first N questions (a fixed sample)")
+    ans.add_argument(
+        "--limit", type=int, default=200, help="first N questions (a fixed sample; --protocol: of each set)"
+    )
     ans.add_argument("--concurrency", type=int, default=4)
     ans.add_argument(
         "--repeatable",

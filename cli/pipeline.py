@@ -171,6 +171,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baselines", nargs="*", default=["naive-rag"], help="recipes on the untrained model"
     )
+    from hoprl.protocols import PROTOCOLS
+
+    parser.add_argument(
+        "--protocol",
+        default=None,
+        choices=sorted(PROTOCOLS),
+        help="after the final evaluation, run this paper's evaluation protocol (hoprl/protocols.py: "
+        "its datasets from --data-dir, --eval-limit questions each, its step cap and decoding)",
+    )
+    parser.add_argument("--data-dir", default="../shared/data", help="--protocol: the benchmark files")
     parser.add_argument("--run-id", default=None, help="resume this run (default: a new run)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
@@ -230,6 +240,7 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
         "dev_limit": args.dev_limit,
         "limit": args.limit,
         "baselines": args.baselines,
+        **({"protocol": args.protocol, "data_dir": args.data_dir} if args.protocol else {}),
     }
 
 

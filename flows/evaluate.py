@@ -34,12 +34,13 @@ from flows.report import publish_report
 from flows.runs import registry, run_dir
 from hoprl.agent.grammar import Turn, grammar
 from hoprl.agent.trajectory import cut_shares
-from hoprl.answer_eval import evaluate_answers
+from hoprl.answer_eval import AnswerSettings, evaluate_answers, prepare_collection
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids
-from hoprl.data.jsonl import load_questions
+from hoprl.data.jsonl import load_questions, write_questions
 from hoprl.metrics.retrieval import retrieval_report
+from hoprl.protocols import get_protocol, local_file, sample
 from hoprl.registry import Prediction
 from hoprl.schemas import Question
 from hoprl.schemas.judge import AnswerItem
@@ -63,6 +64,8 @@ SUMMARY_KEYS = (
     "agent_full_recall",
     "agent_map",
     "agent_k",
+    "steps",
+    "model",
 )
 
 
@@ -75,9 +78,15 @@ def answer_questions(
     retriever_url: str,
     out: str,
     repeatable: bool = False,
+    protocol: str | None = None,
 ) -> dict[str, Any]:
-    """Ask the policy every question; write the per-question rows to ``out``, return the summary."""
-    report = evaluate_answers(policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable)
+    """Ask the policy every question; write the per-question rows to ``out``, return the summary.
+    ``protocol``: ask as that paper's evaluation does (its step cap, decoding, generation step)."""
+    settings = AnswerSettings.of(get_protocol(protocol)) if protocol else None
+    report = evaluate_answers(
+        policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings
+    )
+    report["model"] = next((r["model"] for r in report["predictions"] if r.get("model")), None)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report["predictions"], indent=1))
     return {k: report[k] for k in SUMMARY_KEYS if k in report}  # agent_*: only with gold paragraphs
@@ -206,6 +215,7 @@ def evaluate(
     limit: int | None = None,
     checkpoint_id: int | None = None,
     repeatable: bool = False,
+    protocol: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate the policy as served now on ``questions_path[:limit]`` and publish the run's report.
 
@@ -215,13 +225,17 @@ def evaluate(
         checkpoint_id: the registry id of the checkpoint being served, if any.
         repeatable: answer through ``/v1/answer/batch`` (greedy lock-step rounds: the same
             answers on every run) instead of one ``/v1/answer`` request per question.
+        protocol: a recipe of :data:`hoprl.protocols.PROTOCOLS`: answer at its paper's step cap and
+            decoding, with its generation step; the report prints the paper's figures beside ours.
 
     Returns ``{"evaluation_id", "metrics", "report"}`` (``report``: the report's path).
     """
     split = Path(questions_path).stem
     out = run_dir(run_id) / "evals" / f"{label.replace('/', '-')}.json"
     questions = load_questions(questions_path, limit)  # read once; every metric scores these
-    summary = answer_questions(questions, recipe, collection, policy_url, retriever_url, str(out), repeatable)
+    summary = answer_questions(
+        questions, recipe, collection, policy_url, retriever_url, str(out), repeatable, protocol
+    )
     verdicts = judge_answers(str(out), questions, judge_url)
     retrieval = retrieval_metrics(questions, collection, retriever_url)
     rows = json.loads(out.read_text())
@@ -236,6 +250,7 @@ def evaluate(
         "recipe": recipe,
         "collection": collection,
         "repeatable": repeatable,
+        "protocol": protocol,
     }
     evaluation_id = registry().add_evaluation(
         run_id, dataset or split, split, metrics, predictions(rows, verdicts), checkpoint=checkpoint_id
@@ -255,3 +270,40 @@ def evaluate(
     )
     report = publish_report(run_id)
     return {"evaluation_id": evaluation_id, "metrics": metrics, "report": report}
+
+
+def evaluate_protocol(
+    run_id: str,
+    protocol: str,
+    policy_url: str,
+    retriever_url: str,
+    judge_url: str,
+    data_dir: str = "../shared/data",
+    limit: int | None = None,
+    checkpoint_id: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The paper's evaluation of the policy as served now: every set of ``protocol`` found in
+    ``data_dir``, its paper's sample (written to ``<run folder>/protocol/``) indexed as its own
+    corpus, ``limit`` questions each, labelled ``final/<dataset>``. Sets not on disk are logged
+    and skipped (``hoprl eval-answers --protocol --from-hub`` loads them where the hub is reachable).
+
+    Returns ``{dataset: evaluate()'s result}`` for the sets evaluated.
+    """
+    log, out = get_run_logger(), {}
+    for evalset in get_protocol(protocol).sets:
+        path = local_file(evalset, data_dir)
+        if path is None:
+            log.info("protocol %s: %s (%s) is not in %s, skipped", protocol, evalset.dataset, evalset.split,
+                     data_dir)  # fmt: skip
+            continue
+        chosen = sample(load_questions(path), evalset, seed)
+        chosen_path = run_dir(run_id) / "protocol" / f"{evalset.dataset}_{evalset.split}.jsonl"
+        write_questions(chosen_path, chosen)
+        collection = prepare_collection(retriever_url, chosen)
+        label, recipe = f"final/{evalset.dataset}", get_protocol(protocol).recipe
+        out[evalset.dataset] = evaluate(
+            run_id, label, str(chosen_path), collection, recipe, policy_url, retriever_url, judge_url,
+            dataset=evalset.dataset, limit=limit, checkpoint_id=checkpoint_id, protocol=protocol,
+        )  # fmt: skip
+    return out

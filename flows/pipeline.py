@@ -30,7 +30,7 @@ from prefect import flow, get_run_logger
 
 from flows import progress
 from flows.data import build_index, prepare_data
-from flows.evaluate import evaluate
+from flows.evaluate import evaluate, evaluate_protocol
 from flows.report import publish_report
 from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.stack import ServiceUrls, services
@@ -232,6 +232,8 @@ def pipeline(
     hyperparameters: dict[str, Any] | None = None,
     recipe_config: dict[str, Any] | None = None,
     preset: Preset = "paper",
+    protocol: str | None = None,
+    data_dir: str = "../shared/data",
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset`` with ``recipe`` and report it against the untrained model.
 
@@ -250,6 +252,9 @@ def pipeline(
         hyperparameters / recipe_config: trainer hyperparameters and recipe config overrides.
         preset: ``paper`` (the papers' training settings) or ``cpu`` (their sizes scaled down to two
             CPU cores: ``make run``, ``hoprl pipeline --small``); hyperparameters set here win.
+        protocol: after the final evaluation, also run this paper's evaluation on the trained policy
+            (:func:`flows.evaluate.evaluate_protocol`: its sets found in ``data_dir``, ``eval_limit``
+            questions each, its step cap and decoding; the report shows the paper's figures).
 
     Returns the summary: EM / F1 / judge / retrievals before and after, report and plot paths,
     the final checkpoint and the collection it searches.
@@ -271,6 +276,8 @@ def pipeline(
         "hyperparameters": hyperparameters,
         "recipe_config": recipe_config,
         "preset": preset,
+        "protocol": protocol,
+        "data_dir": data_dir,
     }
     shape = params["episode"] = run_shape(params)
     reg, log = registry(), get_run_logger()
@@ -320,6 +327,22 @@ def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict
     with progress.stage("train", steps=p["steps"], segments=p["segments"]):
         final = train(run_id, request, p["steps"], p["segments"], dev, urls)
     after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, p)
+    if p.get("protocol"):
+        once(
+            run_id,
+            "eval/protocol",
+            lambda: evaluate_protocol(
+                run_id,
+                p["protocol"],
+                urls.policy,
+                urls.retriever,
+                urls.judge,
+                p["data_dir"],
+                limit=p["eval_limit"],
+                checkpoint_id=final["checkpoint_id"],
+                seed=seed,
+            ),
+        )
     mark(run_id, "done")
     publish_report(run_id)  # on this flow run too when every stage was skipped (a resumed run)
     return summary(run_id, evals["baseline"], after, final, collection)

@@ -54,6 +54,7 @@ from sqlalchemy import select
 from flows.runs import registry, run_dir
 from hoprl.judging import judge_flag
 from hoprl.metrics.stats import paired_bootstrap
+from hoprl.protocols import METRIC_KEYS, headlines, served_backbone
 from hoprl.registry.models import EvaluationRow
 
 # The report's tables: (metric key, column header); each table stays a few short columns wide.
@@ -149,6 +150,25 @@ def table(headers: list[str], rows: list[list[str]], names: int = 1) -> list[str
     return lines + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
 
+def paper_section(group: list[EvaluationRow]) -> list[str]:
+    """The paper's figures for the evaluations run under a paper's protocol (``hoprl pipeline
+    --protocol``): beside ours, with the difference, when the served model is the paper's backbone;
+    otherwise labelled as the paper's model's result."""
+    rows = []
+    for r in group:
+        protocol, model = r.metrics.get("protocol"), str(r.metrics.get("model") or "")
+        for h in headlines(protocol, r.dataset) if protocol else []:
+            ours = r.metrics.get(METRIC_KEYS[h.metric])
+            same = served_backbone(model, h.model) and isinstance(ours, float | int)
+            diff = f"{float(ours) * h.scale - h.value:+.3g}" if same and ours is not None else "-"
+            label = h.model if same else f"{h.model} (the paper's; this run serves {model or '?'})"
+            rows.append([str(r.metrics.get("label")), h.metric, f"{h.value:g}", diff, label, h.source])
+    if not rows:
+        return []
+    head = ["evaluation", "metric", "paper", "ours - paper", "paper's model", "source"]
+    return ["### The paper's figures (hoprl/protocols.py)", "", *table(head, rows, names=2)]
+
+
 def markdown_table(run_id: str) -> str:
     """The report's markdown: per dataset, the answers, EM against the baseline, and retrieval."""
     rows = evaluations(run_id)
@@ -184,6 +204,7 @@ def markdown_table(run_id: str) -> str:
             for name, r in zip(names, group, strict=True)
             if (share := r.metrics.get("judge_llm_share")) is not None and share < 1
         ]
+        lines += paper_section(group)
         lines += ["### How the episodes ended (share cut)", ""]
         lines += table(
             ["evaluation"] + [h for _, h in ENDED_COLUMNS],

@@ -19,22 +19,74 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
+import openai
 
+from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import AsyncPolicyClient, ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids, pool
 from hoprl.evaluation import corpus_collection, ensure_indexed, progress
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.metrics.retrieval import agent_retrieval
+from hoprl.protocols import Protocol
+from hoprl.recipes import get_recipe
 from hoprl.schemas import Question
 from hoprl.schemas.policy import AnswerResponse
 
 #: outcomes that end an episode by the recipe's own final action
 ENDINGS = ("answer", "refuse", "stop")
+
+
+@dataclass(frozen=True)
+class AnswerSettings:
+    """How each question is asked beyond its text (an evaluation protocol's part of the request).
+
+    ``max_steps`` / ``temperature`` / ``top_p`` / ``seed`` go into each ``/v1/answer`` request
+    (``None`` steps: the service's POLICY_DEFAULT_MAX_STEPS); ``references`` sends the question's
+    own paragraphs (ARENA answers over them); ``generator`` names the recipe whose prompt turns
+    the documents an episode retrieved into the answer, through the policy's chat route at the same
+    decoding (R2AG's generation step: its episodes retrieve and stop, they do not answer).
+    """
+
+    max_steps: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    references: bool = False
+    generator: str | None = None
+    generator_max_tokens: int = 256  # a short answer, within the default POLICY_MAX_TOKENS (512)
+
+    @classmethod
+    def of(cls, protocol: Protocol, seed: int | None = None) -> AnswerSettings:
+        return cls(
+            max_steps=protocol.max_steps,
+            temperature=protocol.temperature,
+            top_p=protocol.top_p,
+            seed=seed if protocol.temperature > 0 else None,
+            references=protocol.references,
+            generator=protocol.generator,
+        )
+
+    def fields(self, question: Question) -> dict[str, Any]:
+        """The request's fields for ``question`` (defaults left out)."""
+        out: dict[str, Any] = {"max_steps": self.max_steps}
+        if self.temperature > 0:
+            out |= {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        if self.references:
+            out["paragraphs"] = [
+                {"title": p.title, "text": p.text} for p in question.paragraphs
+            ]  # no gold flags
+        return out
+
+    @property
+    def greedy(self) -> bool:
+        """What ``/v1/answer/batch`` can serve: greedy, no references, no generation step."""
+        return self.temperature == 0 and not self.references and self.generator is None
 
 
 def prepare_collection(retriever_url: str, questions: Sequence[Question], name: str = "eval") -> str:
@@ -54,9 +106,16 @@ def retrieved_ids(reply: AnswerResponse | None) -> list[str]:
 
 
 def _score(
-    question: Question, reply: AnswerResponse | None, error: str | None, latency: float
+    question: Question,
+    reply: AnswerResponse | None,
+    error: str | None,
+    latency: float,
+    generated: tuple[str | None, float] | None = None,
 ) -> dict[str, Any]:
+    """One question's row; ``generated``: the generation step's answer and seconds, when there is one."""
     prediction = reply.answer if reply is not None else None
+    if generated is not None:
+        prediction = generated[0]
     return {
         "id": question.id,
         "prediction": prediction,
@@ -69,26 +128,60 @@ def _score(
         "constrained": reply.constrained if reply else False,
         "latency_s": latency,
         "retrieval_s": reply.timings.retrieval_s if reply else 0.0,
-        "generation_s": reply.timings.generation_s if reply else 0.0,
+        "generation_s": (reply.timings.generation_s if reply else 0.0) + (generated[1] if generated else 0.0),
+        "steps": len(reply.steps or []) if reply else 0,
+        "model": reply.model if reply else None,
         "error": error,
         "retrieved": retrieved_ids(reply),
         "gold": sorted(gold_ids(question)),
     }
 
 
+async def generate_answer(
+    llm: LLMClient, question: Question, reply: AnswerResponse, settings: AnswerSettings
+) -> tuple[str | None, float]:
+    """The generation step: ``settings.generator``'s prompt over the documents ``reply``'s episode
+    retrieved (de-duplicated, in retrieval order), answered by the policy's own chat route at the
+    protocol's decoding; returns the answer and the seconds it took."""
+    assert settings.generator is not None
+    recipe = get_recipe(settings.generator)
+    docs = [[d for step in reply.steps or [] for hits in step.docs for d in hits]]
+    start = time.perf_counter()
+    (completion,) = await llm.chat(
+        recipe.messages(question, docs=docs), stop=list(recipe.stop),
+        max_tokens=settings.generator_max_tokens, temperature=settings.temperature, top_p=settings.top_p,
+        seed=settings.seed,
+    )  # fmt: skip
+    return recipe.parse(completion.text).answer, time.perf_counter() - start
+
+
 async def _answer_all(
-    url: str, questions: Sequence[Question], recipe: str, collection: str, concurrency: int, timeout_s: float
+    url: str,
+    questions: Sequence[Question],
+    recipe: str,
+    collection: str,
+    concurrency: int,
+    timeout_s: float,
+    settings: AnswerSettings,
 ) -> list[dict[str, Any]]:
     client = AsyncPolicyClient(url, timeout=timeout_s)
+    llm = LLMClient(f"{url.rstrip('/')}/v1", "", timeout=timeout_s)  # the chat route serves its one model
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(question: Question) -> dict[str, Any]:
         async with semaphore:
             start = time.perf_counter()
             try:
-                reply = await client.answer(question.question, recipe, collection, return_trace=True)
-                row = _score(question, reply, None, time.perf_counter() - start)
-            except (ServiceError, httpx.TransportError) as exc:  # a failed question, not a failed run
+                fields = settings.fields(question)
+                reply = await client.answer(
+                    question.question, recipe, collection, return_trace=True, **fields
+                )
+                generated = None
+                if settings.generator:
+                    llm.model = reply.model
+                    generated = await generate_answer(llm, question, reply, settings)
+                row = _score(question, reply, None, time.perf_counter() - start, generated)
+            except (ServiceError, httpx.TransportError, openai.APIError) as exc:  # a failed question
                 row = _score(question, None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
             bar.advance(task)
             return row
@@ -99,10 +192,17 @@ async def _answer_all(
             return list(await asyncio.gather(*(one(q) for q in questions)))
         finally:
             await client.aclose()
+            await llm.aclose()
 
 
 async def _answer_batches(
-    url: str, questions: Sequence[Question], recipe: str, collection: str, batch_size: int, timeout_s: float
+    url: str,
+    questions: Sequence[Question],
+    recipe: str,
+    collection: str,
+    batch_size: int,
+    timeout_s: float,
+    max_steps: int | None = None,
 ) -> list[dict[str, Any]]:
     """``questions`` in chunks of ``batch_size`` through ``/v1/answer/batch``, one chunk at a time
     (the chunks, hence the lock-step rounds, depend on the questions alone)."""
@@ -114,7 +214,7 @@ async def _answer_batches(
                 chunk = questions[i : i + batch_size]
                 try:
                     batch = await client.answer_batch([q.question for q in chunk], recipe, collection,
-                                                      return_trace=True)  # fmt: skip
+                                                      max_steps=max_steps, return_trace=True)  # fmt: skip
                     rows += [
                         _score(q, a, None, a.timings.total_s)
                         for q, a in zip(chunk, batch.answers, strict=True)
@@ -136,7 +236,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ``agent_recall`` / ``agent_full_recall`` / ``agent_map`` at ``agent_k``: what the episodes
     themselves retrieved (:func:`hoprl.metrics.retrieval.agent_retrieval`), over questions with gold.
     ``retrieval_s`` / ``generation_s``: the mean time per question spent retrieving and generating
-    (R2AG's T_r / T_g).
+    (R2AG's T_r / T_g). ``steps``: the mean steps per episode (EVO-RAG's Avg. Steps).
     """
     latency = np.array([r["latency_s"] for r in rows]) if rows else np.zeros(1)
 
@@ -148,6 +248,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "em": mean("em"),
         "f1": mean("f1"),
         "retrieval_count": mean("retrievals"),
+        "steps": mean("steps"),
         "latency_p50_s": float(np.percentile(latency, 50)),
         "latency_p99_s": float(np.percentile(latency, 99)),
         "retrieval_s": mean("retrieval_s"),
@@ -171,6 +272,7 @@ def evaluate_answers(
     timeout_s: float = 7200.0,
     repeatable: bool = False,
     batch_size: int = 16,
+    settings: AnswerSettings | None = None,
 ) -> dict[str, Any]:
     """EM / F1 / retrieval count / latency of ``recipe`` answering ``questions[:limit]``.
 
@@ -187,22 +289,36 @@ def evaluate_answers(
             answers on every run against the same checkpoint and index), ``batch_size`` questions a
             request (at most the policy's POLICY_MAX_ROLLOUTS; each request must also finish within
             its POLICY_REQUEST_TIMEOUT_S); ``concurrency`` is then unused.
+        settings: the request's other fields and the generation step (an evaluation protocol's,
+            :meth:`AnswerSettings.of`); default: greedy, the service's step default, no generation.
+            ``repeatable`` serves only greedy settings without references or a generation step.
 
     Returns the summary (``em``, ``f1``, ``retrieval_count``, ``latency_p50_s``, ...) with
     ``recipe``, ``collection``, ``seconds`` and per-question ``predictions``.
     """
+    settings = settings or AnswerSettings()
+    if repeatable and not settings.greedy:
+        raise ValueError(
+            "repeatable answers are greedy lock-step rounds without references or a generation step; "
+            f"these settings ask for {settings}: drop --repeatable"
+        )
     collection = collection or prepare_collection(retriever_url, questions)
     sample = list(questions[:limit] if limit else questions)
     start = time.perf_counter()
     if repeatable:
-        rows = asyncio.run(_answer_batches(policy_url, sample, recipe, collection, batch_size, timeout_s))
+        rows = asyncio.run(
+            _answer_batches(policy_url, sample, recipe, collection, batch_size, timeout_s, settings.max_steps)
+        )
     else:
-        rows = asyncio.run(_answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s))
+        rows = asyncio.run(
+            _answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s, settings)
+        )
     seconds = time.perf_counter() - start
     return {
         "recipe": recipe,
         "collection": collection,
         "repeatable": repeatable,
+        "settings": settings.__dict__,
         **summarize(rows),
         "seconds": seconds,
         "predictions": rows,

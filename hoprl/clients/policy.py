@@ -63,10 +63,14 @@ class PolicyClient(ServiceClient):
         collection: str | None = None,
         max_steps: int | None = None,
         return_trace: bool = False,
+        **options: Any,
     ) -> AnswerResponse:
+        """``options``: the request's other fields (``temperature``, ``top_p``, ``seed``,
+        ``paragraphs`` as dicts, ``constrained``); see :class:`hoprl.schemas.policy.AnswerRequest`."""
         body = _answer_body(
-            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
-        )
+            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace,
+            **options,
+        )  # fmt: skip
         return AnswerResponse.model_validate(_check(self.http.post("/v1/answer", json=body)))
 
     def answer_batch(
@@ -123,10 +127,14 @@ class AsyncPolicyClient:
         collection: str | None = None,
         max_steps: int | None = None,
         return_trace: bool = False,
+        **options: Any,
     ) -> AnswerResponse:
+        """``options``: the request's other fields (``temperature``, ``top_p``, ``seed``,
+        ``paragraphs`` as dicts, ``constrained``); see :class:`hoprl.schemas.policy.AnswerRequest`."""
         body = _answer_body(
-            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace
-        )
+            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace,
+            **options,
+        )  # fmt: skip
         return AnswerResponse.model_validate(_check(await self.http.post("/v1/answer", json=body)))
 
     async def answer_batch(

@@ -10,6 +10,7 @@ they are answered against a corpus you index yourself (e.g. a Wikipedia dump).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -80,7 +81,9 @@ def _open_domain(dataset: str, qid: str, question: str, answers: Iterable[str], 
 
 
 def bamboogle(row: Row, split: str) -> Question:
-    qid = str(row.get("id") or abs(hash(row["Question"])))
+    """Bamboogle rows carry no id: one is derived from the question text, the same in every process
+    (Python's ``hash`` of a string is salted per process), so runs can be paired question by question."""
+    qid = str(row.get("id") or "bamboogle-" + hashlib.sha1(row["Question"].encode()).hexdigest()[:12])
     return _open_domain("bamboogle", qid, row["Question"], [row["Answer"]], split)
 
 

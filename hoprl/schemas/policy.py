@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
-from hoprl.schemas import Question
+from hoprl.schemas import Paragraph, Question
 from hoprl.schemas.retriever import SearchMode
 
 SEED = Field(None, ge=0, le=2**63 - 1, description="same seed, same request -> same output")
@@ -27,10 +27,20 @@ class AnswerRequest(BaseModel):
     collection: str | None = Field(
         None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
     )
-    max_steps: int | None = Field(None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS)")
+    max_steps: int | None = Field(
+        None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS); default POLICY_DEFAULT_MAX_STEPS"
+    )
     return_trace: bool = Field(False, description="include every step: text, queries, documents")
     constrained: bool | None = Field(
         None, description="decode under the recipe's action grammar; default POLICY_CONSTRAINED_DECODING"
+    )
+    temperature: float = Field(0.0, ge=0, le=2, description="0 = greedy (default); R2AG evaluates at 0.6")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; R2AG evaluates at 0.9")
+    seed: int | None = SEED
+    paragraphs: list[Paragraph] = Field(
+        default_factory=list,
+        description="the question's own references, for recipes that answer over them (ARENA); the "
+        "question and these count against POLICY_MAX_PROMPT_CHARS",
     )
 
 

@@ -144,8 +144,8 @@ class Hyperparameters(BaseModel):
 
     preset: Preset = Field(
         "paper",
-        description="paper: the papers' settings (configs/<recipe>.yaml); cpu: the same recipe with its sizes "
-        "scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 96 "
+        description="paper: the papers' settings (configs/<recipe>.yaml); cpu: the same recipe with its "
+        "sizes scaled down to two CPU cores (CPU_PRESET: 2 questions x 4 samples a step, 4 turns of 96 "
         "tokens, 1152-token episodes); a value the request sets wins over both",
     )
 

@@ -127,16 +127,22 @@ class Policy:
             raise ApiError(422, "empty_question", "question is empty; send at least one word")
         self.bounded("question_chars", len(question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
         recipe = self.recipe(body.recipe or s.default_recipe)
-        max_steps = self.bounded("max_steps", body.max_steps or s.max_steps, s.max_steps, "POLICY_MAX_STEPS")
+        steps = body.max_steps or min(s.default_max_steps, s.max_steps)
+        max_steps = self.bounded("max_steps", steps, s.max_steps, "POLICY_MAX_STEPS")
+        chars = len(question) + sum(len(p.title) + len(p.text) for p in body.paragraphs)
+        self.bounded("prompt_chars", chars, s.max_prompt_chars, "POLICY_MAX_PROMPT_CHARS")
         collection = body.collection or s.default_collection
         await self.check_collection(collection)
-        q = Question(id=uuid.uuid4().hex, dataset="api", split="serve", question=question)
+        q = Question(
+            id=uuid.uuid4().hex, dataset="api", split="serve", question=question, paragraphs=body.paragraphs
+        )
         constraint = self.constraint(body, recipe, max_steps)
         chat = EngineChat(self.engine, deadline=time.monotonic() + s.request_timeout_s, constraint=constraint)
         with self.admitted():
             run = self.episode(
-                recipe, q, collection, chat, max_steps=max_steps, temperature=0.0,
-                max_new_tokens_per_step=s.max_tokens_per_step, token_budget=s.token_budget,
+                recipe, q, collection, chat, max_steps=max_steps, temperature=body.temperature,
+                top_p=body.top_p, seed=body.seed, max_new_tokens_per_step=s.max_tokens_per_step,
+                token_budget=s.token_budget,
             )  # fmt: skip
             ep = await within(s.request_timeout_s, run)
         return AnswerResponse(

@@ -77,7 +77,9 @@ async def lockstep_answers(policy: Policy, body: AnswerBatchRequest) -> tuple[li
     s = policy.settings
     questions = questions_of(policy, body.questions)
     recipe = policy.recipe(body.recipe or s.default_recipe)
-    max_steps = policy.bounded("max_steps", body.max_steps or s.max_steps, s.max_steps, "POLICY_MAX_STEPS")
+    max_steps = policy.bounded(
+        "max_steps", body.max_steps or min(s.default_max_steps, s.max_steps), s.max_steps, "POLICY_MAX_STEPS"
+    )
     collection = body.collection or s.default_collection
     await policy.check_collection(collection)
     one = AnswerRequest(question=questions[0].question, constrained=body.constrained)

@@ -55,7 +55,18 @@ class PolicySettings(ServiceSettings):
     max_prompt_chars: int = Field(32_000, ge=1, description="total message/prompt characters per request")
     max_tokens: int = Field(512, ge=1, description="the largest max_tokens a request may ask for")
     max_n: int = Field(16, ge=1, description="the largest n (choices per request)")
-    max_steps: int = Field(10, ge=1, description="agent steps per /v1/answer episode at most")
+    max_steps: int = Field(
+        20,
+        ge=1,
+        description="the largest max_steps a request may ask for (/v1/answer, /v1/answer/batch, "
+        "/v1/rollouts); 20 lets an evaluation run EVO-RAG's episodes to its cap T_max = 20 (its App. A.2)",
+    )
+    default_max_steps: int = Field(
+        10,
+        ge=1,
+        description="agent steps of a /v1/answer episode whose request names no max_steps "
+        "(at most max_steps)",
+    )
     max_tokens_per_step: int = Field(256, ge=1, description="new tokens per agent step")
     token_budget: int = Field(2048, ge=1, description="context growth per episode (tokens)")
     max_rollouts: int = Field(256, ge=1, description="questions x n_samples per /v1/rollouts request")

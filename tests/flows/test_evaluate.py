@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flows.evaluate import judge_answers, judge_llm_share, predictions
+from flows.evaluate import judge_answers, predictions
 from hoprl.schemas import Question
 
 
@@ -27,6 +27,3 @@ def test_refusing_an_unanswerable_question_is_correct(tmp_path: Path) -> None:
     verdicts = judge_answers.fn(str(tmp_path / "p.json"), questions, "http://127.0.0.1:9")
     assert verdicts == [True, False]
     assert [p.refused for p in predictions(rows, verdicts)] == [True, False]
-
-
-from flows.evaluate import judge_answers, judge_llm_share, predictions

@@ -173,3 +173,21 @@ def test_the_training_plot_shows_the_rewards_spread_components_and_cuts(run_id: 
                                        "dev/em": 0.1 * step})  # fmt: skip
     path = training_plot(run_id, tmp_path / "training.png")
     assert path is not None and path.stat().st_size > 10_000
+
+
+def test_paper_figures_beside_ours_only_for_the_papers_backbone() -> None:
+    """ARENA's Table 3: ARENA-Qwen-7B (Qwen2.5-7B-Instruct) EM 0.628 on HotpotQA. A run serving that
+    backbone with EM 0.5 shows 0.5 - 0.628 = -0.128; a run serving another model shows the paper's
+    figure labelled as the paper's model, with no difference."""
+    from flows.report import paper_section
+    from hoprl.registry.models import EvaluationRow
+
+    def row(model: str) -> EvaluationRow:
+        metrics = {"label": "final/hotpotqa", "protocol": "arena", "model": model, "em": 0.5, "f1": 0.6}
+        return EvaluationRow(dataset="hotpotqa", split="dev", metrics=metrics)
+
+    same = [line for line in paper_section([row("qwen2.5-7b-instruct-step40")]) if "| em |" in line]
+    assert any("| 0.628 | -0.128 | Qwen2.5-7B-Instruct | Table 3 |" in line for line in same), same
+    other = [line for line in paper_section([row("smollm2-135m-instruct")]) if "| em |" in line]
+    assert other and all("| - |" in line and "the paper's; this run serves smollm2" in line for line in other)
+    assert paper_section([EvaluationRow(dataset="hotpotqa", split="dev", metrics={"em": 0.5})]) == []

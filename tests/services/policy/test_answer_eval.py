@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hoprl.answer_eval import evaluate_answers
+from hoprl.answer_eval import AnswerSettings, evaluate_answers
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import doc_id
 from hoprl.recipes import get_recipe
@@ -61,3 +61,20 @@ def test_a_question_the_client_gives_up_on_is_a_failed_question(policy_url: str,
     report = evaluate_answers(policy_url, indexed, QUESTIONS[:2], recipe="naive-rag", timeout_s=0.001)
     assert report["questions"] == 2 and report["errors"] == 2 and report["outcomes"] == {"error": 2}
     assert all("Timeout" in row["error"] for row in report["predictions"])
+
+
+def test_r2ag_answers_through_the_generation_step(policy_url: str, indexed: str) -> None:
+    """R2AG's episodes retrieve and stop; its evaluation generates the answer from the retrieved
+    documents (the paper's §3.2: the same generator as naive RAG), so it has EM / F1 to report.
+    Sampled at the paper's temperature 0.6 and top-p 0.9 (App. C.2), seeded."""
+    paper = AnswerSettings(max_steps=2, temperature=0.6, top_p=0.9, seed=1, generator="naive-rag",
+                           generator_max_tokens=24)  # fmt: skip
+    report = evaluate_answers(policy_url, indexed, QUESTIONS[:2], recipe="r2ag", settings=paper)
+    assert report["errors"] == 0 and report["settings"]["generator"] == "naive-rag"
+    rows = report["predictions"]
+    assert all(r["outcome"] != "answer" and r["prediction"] for r in rows)  # the generator's answers
+    assert all(r["generation_s"] > 0 and r["steps"] <= 2 for r in rows)
+    bare = evaluate_answers(
+        policy_url, indexed, QUESTIONS[:1], recipe="r2ag", settings=AnswerSettings(max_steps=2)
+    )
+    assert bare["predictions"][0]["prediction"] is None and bare["em"] == bare["f1"] == 0  # nothing to score

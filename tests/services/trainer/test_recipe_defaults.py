@@ -83,7 +83,7 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("arena", None, "questions_per_step", 252, "ARENA App. E: batch 256; 7 processes x 36 whole groups"),
     # EVO-RAG: GRPO with per-step normalisation (§3.4, App. A.5), Table 10, App. A.2
     ("evo-rag", None, "objective", "grpo", "EVO-RAG App. A.5, Table 7"),
-    ("evo-rag", None, "advantage", "siblings", "EVO-RAG §3.4, App. A.5: normalised across sibling candidates"),
+    ("evo-rag", None, "advantage", "siblings", "EVO-RAG §3.4, App. A.5: normalised over sibling candidates"),
     ("evo-rag", None, "preference_model", True, "EVO-RAG §3.4, Algorithm 1: the 7-head model"),
     ("evo-rag", None, "max_turns", 20, "EVO-RAG App. A.2: T_max = 20"),
     ("evo-rag", None, "t_max", 20, "EVO-RAG App. A.2: T_max = 20"),

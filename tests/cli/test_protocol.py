@@ -1,0 +1,76 @@
+"""``hoprl eval-answers --protocol``: a paper's evaluation end to end, run as a user would (a
+subprocess that starts the retriever, the policy on the default model and the judge in-process),
+on two real HotpotQA questions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hoprl.data.jsonl import load_questions, write_questions
+from tests.conftest import shared_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # about 2 minutes on two idle cores (a model load and two answers)
+def test_arena_protocol_on_two_hotpotqa_questions(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_questions(data / "hotpotqa_dev.jsonl", load_questions(shared_file("hotpotqa_dev.jsonl"), limit=2))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "POLICY_MODEL_CACHE": str(ROOT / ".hoprl/models/smollm2-135m-instruct"),  # converted once
+        "RETRIEVER_STORAGE_PATH": str(tmp_path / "qdrant"),
+        "POLICY_MAX_TOKENS_PER_STEP": "64",  # short answers: the test checks the protocol, not the model
+    }
+    args = ["eval-answers", "--protocol", "arena", "--limit", "2", "--data-dir", str(data), "--json"]
+    out = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=900)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    # ARENA evaluates HotpotQA, 2Wiki and MuSiQue (§4.1); only HotpotQA is in this folder
+    stderr = " ".join(out.stderr.split())
+    assert "skip 2wiki (dev, 500 questions; §4.1 Table 2, App. B) is not in" in stderr
+    assert "skip musique (dev, 500 questions;" in stderr
+    (report,) = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (report["protocol"], report["dataset"], report["questions"], report["errors"]) == (
+        "arena",
+        "hotpotqa",
+        2,
+        0,
+    )
+    # one answer over the question's own paragraphs (§4.4), greedy (no inference decoding is given)
+    assert report["settings"] == {
+        "max_steps": 1, "temperature": 0.0, "top_p": 1.0, "seed": None, "references": True,
+        "generator": None, "generator_max_tokens": 256,
+    }  # fmt: skip
+    assert report["steps"] == 1 and report["retrieval_count"] == 0
+    assert "rules" in report["judge_backend"] and 0 <= report["judge_accuracy"] <= 1
+    # Table 3's ARENA rows on HotpotQA (EM / F1 / LJ), two backbones; the default model is neither
+    paper = {(r["model"], r["metric"]): r["value"] for r in report["paper"]}
+    assert paper == {
+        ("Llama-3.1-8B-Instruct", "em"): 0.552, ("Llama-3.1-8B-Instruct", "f1"): 0.703,
+        ("Llama-3.1-8B-Instruct", "judge"): 0.780, ("Qwen2.5-7B-Instruct", "em"): 0.628,
+        ("Qwen2.5-7B-Instruct", "f1"): 0.762, ("Qwen2.5-7B-Instruct", "judge"): 0.812,
+    }  # fmt: skip
+    assert report["model"] == "smollm2-135m-instruct" and not any(r["compared"] for r in report["paper"])
+
+
+def test_pipeline_passes_the_protocol_to_the_flow() -> None:
+    import argparse
+    import inspect
+
+    from cli import pipeline as pipeline_cli
+    from flows.pipeline import pipeline
+
+    parser = argparse.ArgumentParser()
+    pipeline_cli.add_arguments(parser)
+    options = pipeline_cli.pipeline_options(parser.parse_args(["--small", "--protocol", "r2ag"]))
+    assert options["protocol"] == "r2ag" and options["data_dir"] == "../shared/data"
+    assert {"protocol", "data_dir"} <= set(inspect.signature(pipeline.fn).parameters)
+    assert "protocol" not in pipeline_cli.pipeline_options(parser.parse_args(["--small"]))
