@@ -137,12 +137,15 @@ class VllmEngine:
         on_gpu = torch.cuda.is_available()
         if not on_gpu:  # read by the engine core process vLLM spawns next
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
-        args = AsyncEngineArgs(
-            model=path, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=(not on_gpu) if self.eager is None else self.eager, max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len, structured_outputs_config={"backend": "guidance"},
-            disable_log_stats=True, seed=0,
-        )  # fmt: skip
+        values: dict[str, Any] = {
+            "model": path, "dtype": self.dtype, "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enforce_eager": (not on_gpu) if self.eager is None else self.eager,
+            "max_num_seqs": self.max_num_seqs, "structured_outputs_config": {"backend": "guidance"},
+            "disable_log_stats": True, "seed": 0,
+        }  # fmt: skip
+        if self.max_model_len is not None:
+            values["max_model_len"] = self.max_model_len
+        args = AsyncEngineArgs(**values)
         return AsyncLLM.from_engine_args(args)
 
     def close(self) -> None:
