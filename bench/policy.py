@@ -13,6 +13,10 @@ Measures, on the default model (SmolLM2-135M-Instruct, transformers engine, one 
   (greedy, ``--tokens`` new tokens, the question as the user turn): median for one client, median
   and p99 with ``--clients`` concurrent streams, and the median time to the last chunk
   (``--ttft-only`` measures this alone, without the corpus).
+- with ``--engines transformers vllm``, each engine in turn behind the same policy service and
+  settings (vLLM: eager mode, a 1 GiB KV cache), the /v1/answer and streaming figures above for
+  each, the peak resident memory of the policy (this process and its children, the vLLM engine
+  core among them, sampled every 0.2 s while the engine serves) and the vLLM/transformers ratios.
 The question sample is fixed (every k-th question of the file). The retriever's storage is kept in
 ``.hoprl/bench/qdrant`` so the corpus is indexed once. Timings on shared machines are noisy: run
 it on an idle machine and compare ratios within one run.
@@ -24,7 +28,10 @@ import argparse
 import asyncio
 import json
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -95,7 +102,7 @@ async def answer_load(
     return latencies, time.perf_counter() - start, errors
 
 
-def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]) -> dict[str, object]:
+def answer_bench(args: argparse.Namespace, policy_url: str, questions: list[Question]) -> dict[str, object]:
     """/v1/answer at one client, then ``args.clients`` at once, ``args.repeats`` times in turn.
 
     Each repeat measures both throughputs back to back, so their ratio compares two runs under the
@@ -103,25 +110,15 @@ def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]
     asks another question, so the engine's prefix cache holds no earlier prompt (only the system
     prompt they all share): what the concurrent run gains is batching.
     """
-    storage = RetrieverSettings(storage_path=Path(".hoprl/bench/qdrant"))
-    with LocalServer(create_retriever(storage)) as retriever:
-        start = time.perf_counter()
-        collection = prepare_collection(retriever.url, load_questions(args.data), name="bench-hotpotqa")
-        index_s = time.perf_counter() - start
-        settings = PolicySettings(
-            model=model, retriever_url=retriever.url, default_collection=collection,
-            default_recipe="naive-rag", max_tokens_per_step=args.tokens, request_timeout_s=600,
-        )  # fmt: skip
-        size = args.single + args.concurrent_requests
-        runs = []
-        with LocalServer(create_policy(settings)) as policy:
-            asyncio.run(answer_load(policy.url, questions[-1:], 1))  # warm-up
-            for r in range(args.repeats):
-                single = questions[r * size : r * size + args.single]
-                many = questions[r * size + args.single : (r + 1) * size]
-                one = asyncio.run(answer_load(policy.url, single, 1))
-                concurrent = asyncio.run(answer_load(policy.url, many, args.clients))
-                runs.append((one, concurrent))
+    size = args.single + args.concurrent_requests
+    runs = []
+    asyncio.run(answer_load(policy_url, questions[-1:], 1))  # warm-up
+    for r in range(args.repeats):
+        single = questions[r * size : r * size + args.single]
+        many = questions[r * size + args.single : (r + 1) * size]
+        one = asyncio.run(answer_load(policy_url, single, 1))
+        concurrent = asyncio.run(answer_load(policy_url, many, args.clients))
+        runs.append((one, concurrent))
     per_s_1 = [args.single / wall for (_, wall, _), _ in runs]
     per_s_n = [args.concurrent_requests / wall for _, (_, wall, _) in runs]
     lat_1 = [t for (lat, _, _), _ in runs for t in lat]
@@ -129,7 +126,6 @@ def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]
     n = args.clients
     ratios = [b / a for a, b in zip(per_s_1, per_s_n, strict=True)]
     return {
-        "index_s": index_s,
         "answer_repeats": args.repeats,
         "answer_requests_per_s_1_client": float(np.median(per_s_1)),
         f"answer_requests_per_s_{n}_clients": float(np.median(per_s_n)),
@@ -141,6 +137,60 @@ def answer_bench(args: argparse.Namespace, model: str, questions: list[Question]
         f"answer_p99_s_{n}_clients": float(np.percentile(lat_n, 99)) if lat_n else None,
         "answer_errors": sum(one[2] + concurrent[2] for one, concurrent in runs),
     }
+
+
+def policy_settings(args: argparse.Namespace, model: str, engine: str, **values: object) -> PolicySettings:
+    """The policy as benchmarked: the same limits on either engine (vLLM eager, a 1 GiB KV cache)."""
+    extra: dict[str, object] = {"kv_cache_gib": 1, "eager": True} if engine == "vllm" else {}
+    return PolicySettings.model_validate(
+        {"model": model, "engine": engine, "max_tokens_per_step": args.tokens, "request_timeout_s": 600,
+         **extra, **values}
+    )  # fmt: skip
+
+
+@contextmanager
+def peak_rss() -> Iterator[dict[str, float]]:
+    """``{"peak_rss_gib": ...}`` once the block ends: the most resident memory this process and all
+    its children (vLLM's engine core and workers) held together, sampled every 0.2 s."""
+    import psutil
+
+    me, out, done = psutil.Process(), {"peak_rss_gib": 0.0}, threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                with suppress(psutil.Error):
+                    total += p.memory_info().rss
+            out["peak_rss_gib"] = max(out["peak_rss_gib"], total / 2**30)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield out
+    finally:
+        done.set()
+        thread.join()
+
+
+def engine_bench(
+    args: argparse.Namespace,
+    model: str,
+    engine: str,
+    retriever_url: str,
+    collection: str,
+    questions: list[Question],
+) -> dict[str, object]:
+    """One engine behind the policy: /v1/answer (1 and ``--clients``), streaming TTFT, peak RSS."""
+    settings = policy_settings(args, model, engine, retriever_url=retriever_url,
+                               default_collection=collection, default_recipe="naive-rag")  # fmt: skip
+    with peak_rss() as rss:
+        start = time.perf_counter()
+        with LocalServer(create_policy(settings), startup_timeout=900) as policy:
+            result: dict[str, object] = {"start_s": time.perf_counter() - start}
+            result |= answer_bench(args, policy.url, questions)
+            result |= ttft_on(args, policy.url, questions)
+    return result | rss
 
 
 async def stream_timings(
@@ -173,19 +223,54 @@ async def stream_timings(
     return first, total
 
 
-def ttft_bench(args: argparse.Namespace, model: str, questions: list[Question]) -> dict[str, float]:
+def ttft_on(args: argparse.Namespace, url: str, questions: list[Question]) -> dict[str, float]:
     """TTFT of streamed chat completions: one client, then ``args.clients`` at once."""
-    with LocalServer(create_policy(PolicySettings(model=model, request_timeout_s=600))) as policy:
-        asyncio.run(stream_timings(policy.url, questions[:1], args.tokens, 1))  # warm-up
-        first, total = asyncio.run(stream_timings(policy.url, questions[: args.single], args.tokens, 1))
-        many = (questions * 4)[: args.concurrent_requests]
-        first_many, _ = asyncio.run(stream_timings(policy.url, many, args.tokens, args.clients))
+    asyncio.run(stream_timings(url, questions[:1], args.tokens, 1))  # warm-up
+    first, total = asyncio.run(stream_timings(url, questions[: args.single], args.tokens, 1))
+    many = (questions * 4)[: args.concurrent_requests]
+    first_many, _ = asyncio.run(stream_timings(url, many, args.tokens, args.clients))
     return {
         "stream_ttft_p50_s": float(np.percentile(first, 50)),
         "stream_total_p50_s": float(np.percentile(total, 50)),
         f"stream_ttft_p50_s_{args.clients}_clients": float(np.percentile(first_many, 50)),
         f"stream_ttft_p99_s_{args.clients}_clients": float(np.percentile(first_many, 99)),
     }
+
+
+def ttft_bench(args: argparse.Namespace, model: str, questions: list[Question]) -> dict[str, float]:
+    """TTFT of streamed chat completions on the first of ``--engines``, without the corpus."""
+    with LocalServer(create_policy(policy_settings(args, model, args.engines[0])), startup_timeout=900) as p:
+        return ttft_on(args, p.url, questions)
+
+
+def table(result: dict[str, dict[str, object]], clients: int) -> str:
+    """The engines side by side as a Markdown table (with the vLLM/transformers ratio)."""
+    rows = [("start (s)", "start_s"), ("/v1/answer req/s, 1 client", "answer_requests_per_s_1_client"),
+            (f"/v1/answer req/s, {clients} clients", f"answer_requests_per_s_{clients}_clients"),
+            (f"{clients} clients / 1 client", f"answer_speedup_{clients}_clients"),
+            ("p50 / p99 latency (s), 1 client", ("answer_p50_s", "answer_p99_s")),
+            (f"p50 / p99 latency (s), {clients} clients",
+             (f"answer_p50_s_{clients}_clients", f"answer_p99_s_{clients}_clients")),
+            ("errors (non-200)", "answer_errors"), ("streamed TTFT p50 (s), 1 client", "stream_ttft_p50_s"),
+            (f"streamed TTFT p50 / p99 (s), {clients} clients",
+             (f"stream_ttft_p50_s_{clients}_clients", f"stream_ttft_p99_s_{clients}_clients")),
+            ("peak RSS of the policy (GiB)", "peak_rss_gib")]  # fmt: skip
+    engines = list(result)
+    head = "| | " + " | ".join(engines) + (" | vllm / transformers |" if len(engines) == 2 else " |")
+    lines = [head, "|---" * (len(engines) + 1 + (len(engines) == 2)) + "|"]
+    for label, key in rows:
+        keys = key if isinstance(key, tuple) else (key,)
+        cells = [" / ".join(_fmt(result[e].get(k)) for k in keys) for e in engines]
+        if len(engines) == 2:
+            a, b = (result[e].get(keys[0]) for e in engines)
+            ok = isinstance(a, int | float) and isinstance(b, int | float) and a
+            cells.append(f"{b / a:.2f}" if ok else "")  # type: ignore[operator]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(v: object) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def main() -> None:
@@ -200,6 +285,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="1-client / concurrent /v1/answer pairs")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--ttft-only", action="store_true", help="only the streaming time to first token")
+    parser.add_argument("--engines", nargs="+", default=["transformers"], choices=["transformers", "vllm"],
+                        help="the engines benchmarked in turn, in one run")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         # 32 tokens: room for naive-rag's answer grammar, so /v1/answer runs as served by default
@@ -210,12 +297,24 @@ def main() -> None:
     questions = fixed_sample(load_questions(args.data), max(needed, 16))
     result: dict[str, object] = {"model": model, "tokens": args.tokens, "cpus": os.cpu_count()}
     result["load_average_before"] = os.getloadavg()
-    if not args.ttft_only:
+    if args.ttft_only:
+        result |= ttft_bench(args, model, questions)
+    else:
         result |= engine_tokens_per_s(model, questions, args.tokens)
-        result |= answer_bench(args, model, questions)
-    result |= ttft_bench(args, model, questions)
+        storage = RetrieverSettings(storage_path=Path(".hoprl/bench/qdrant"))
+        with LocalServer(create_retriever(storage)) as retriever:
+            start = time.perf_counter()
+            collection = prepare_collection(retriever.url, load_questions(args.data), name="bench-hotpotqa")
+            result["index_s"] = time.perf_counter() - start
+            engines = {
+                e: engine_bench(args, model, e, retriever.url, collection, questions) for e in args.engines
+            }
+        result["engines"] = engines
+        result["table"] = table(engines, args.clients)
     result["load_average_after"] = os.getloadavg()
     print(json.dumps(result, indent=2))
+    if "table" in result:
+        print(result["table"])
 
 
 if __name__ == "__main__":

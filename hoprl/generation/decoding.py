@@ -31,6 +31,7 @@ rounds) is decoded the same way on every run; a seeded call runs alone, so its o
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -65,6 +66,10 @@ class Batcher:
         prefix_cache: int = 0,
     ) -> None:  # fmt: skip
         probe = DynamicCache(config=model.config)
+        # The forward's cache argument: `cache` since transformers 5.2x, `past_key_values` before
+        # (5.17 is what vLLM 0.31, and so `.[gpu]`, installs); an unknown keyword is silently ignored.
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         if any(type(layer) is not DynamicLayer for layer in probe.layers):
             raise ValueError(
                 f"{model.config.model_type}: the transformers engine batches full-attention models only "
@@ -213,7 +218,7 @@ class Batcher:
                                  config=self.model.config)  # fmt: skip
         with self._inference():
             new = torch.tensor([prompt[done:]])
-            out = self.model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=new, **{self.cache_arg: cache}, use_cache=True, logits_to_keep=1)
         return cache, out.logits[0, -1].float()
 
     # -- decode thread -----------------------------------------------------------------------------
@@ -234,7 +239,9 @@ class Batcher:
                 self._step()
             except Exception as exc:  # the batch's state is unknown: fail its calls, start afresh
                 log.exception("decoding failed")
-                calls = [row.call for row in self.active]
+                # the joining rows too: a failed merge leaves them outside `active`, their callers waiting
+                joined = [row for staged in joining for row, _ in staged if row not in self.active]
+                calls = list({id(r.call): r.call for r in self.active + joined}.values())
                 self.active, self.cache, self.mask = [], None, None
                 self._fail(calls, exc)
 
@@ -290,8 +297,8 @@ class Batcher:
         self.mask = torch.cat([self.mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
         with self._inference():
             out = self.model(
-                input_ids=tokens, attention_mask=self.mask, position_ids=positions, cache=self.cache,
-                use_cache=True,
+                input_ids=tokens, attention_mask=self.mask, position_ids=positions,
+                **{self.cache_arg: self.cache}, use_cache=True,
             )  # fmt: skip
         logits = out.logits[:, -1].float()
         keep = [b for b, row in enumerate(rows) if not self._advance(row, self._choose(row, logits[b]))]

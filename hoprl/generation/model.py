@@ -13,6 +13,7 @@ regular, trainable checkpoint.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
@@ -68,10 +69,39 @@ def save_dense_copy(target: Path) -> None:
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
+    byte_level_decoder(partial)
     try:
         partial.rename(target)
     except OSError:  # another process finished first: its copy is as good as ours
         shutil.rmtree(partial, ignore_errors=True)
+
+
+#: the decoders transformers puts before ByteLevel when it converts a GGUF byte-level tokenizer
+GGUF_DECODERS = {"ByteFallback", "Fuse", "Replace"}
+
+
+def byte_level_decoder(folder: Path) -> None:
+    """Give a byte-level BPE tokenizer converted from GGUF its plain ``ByteLevel`` decoder.
+
+    transformers writes the GGUF tokenizer's decoder as ``Sequence[ByteFallback, Fuse, Replace(▁),
+    ByteLevel]``: it decodes the same text (a byte-level vocabulary has no byte-fallback tokens and
+    no ▁), but llguidance before 1.8 (the one vLLM 0.31 pins) does not see it as byte-level and
+    reads ``Ġretrieval`` as the bytes ``Ġretrieval`` instead of `` retrieval``, so a grammar that
+    forces a space fails (measured: vLLM's guidance backend stopped R2AG's ``stop retrieval``)."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return
+    spec = json.loads(path.read_text())
+    decoder, pre = spec.get("decoder") or {}, spec.get("pre_tokenizer") or {}
+    parts = decoder.get("decoders") or []
+    if decoder.get("type") != "Sequence" or pre.get("type") != "ByteLevel" or not parts:
+        return
+    if parts[-1].get("type") != "ByteLevel" or {p.get("type") for p in parts[:-1]} - GGUF_DECODERS:
+        return
+    spec["decoder"] = parts[-1]
+    partial = path.with_name(f"tokenizer.json.partial-{os.getpid()}")
+    partial.write_text(json.dumps(spec, ensure_ascii=False))
+    partial.replace(path)  # atomic: a concurrent start reads the old file or the new, never half
 
 
 def resolve_model(model: str | None, cache: Path) -> str:
@@ -81,4 +111,5 @@ def resolve_model(model: str | None, cache: Path) -> str:
     if not is_checkpoint(cache):
         cache.parent.mkdir(parents=True, exist_ok=True)
         save_dense_copy(cache)
+    byte_level_decoder(cache)  # a copy cached before the fix gets it too
     return str(cache)

@@ -37,7 +37,10 @@ def create_engine(settings: PolicySettings) -> Engine:
         return OpenAIEngine(settings.openai_base_url, key, settings.model, settings.tokenizer)
     path = resolve_model(settings.model, settings.model_cache)
     if settings.engine == "vllm":
-        return VllmEngine(path, settings.dtype, settings.gpu_memory_utilization)
+        return VllmEngine(
+            path, settings.dtype, settings.gpu_memory_utilization, settings.kv_cache_gib, settings.eager,
+            settings.max_batch,
+        )  # fmt: skip
     return TransformersEngine(
         path, settings.dtype, settings.torch_threads, settings.max_batch, settings.autocast,
         settings.prefill_threads, settings.prefix_cache_tokens,

