@@ -341,12 +341,15 @@ def served_backbone(served_model: str, paper_model: str) -> bool:
     """Whether the served model is the paper's backbone: its name (a checkpoint folder or HF id)
     contains the paper model's name without its hub owner, case and ``-``/``.``/``_`` aside
     (``Qwen/Qwen2.5-7B-Instruct`` and ``qwen2.5-7b-instruct-grpo-step40`` serve
-    ``Qwen/Qwen2.5-7B-Instruct``)."""
+    ``Qwen/Qwen2.5-7B-Instruct``). A base model's name followed by ``instruct`` is its instruct
+    variant, not it (``Qwen2.5-3B-Instruct`` does not serve Eval-RAR's ``Qwen/Qwen2.5-3B``)."""
 
     def norm(s: str) -> str:
         return "".join(c for c in s.lower() if c.isalnum())
 
-    return norm(paper_model.rsplit("/", 1)[-1]) in norm(served_model)
+    paper, served = norm(paper_model.rsplit("/", 1)[-1]), norm(served_model)
+    at = served.find(paper)
+    return at >= 0 and not served[at + len(paper) :].startswith("instruct")
 
 
 #: the header of docs/papers.md's headline table

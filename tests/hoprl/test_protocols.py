@@ -140,6 +140,10 @@ def test_served_backbone() -> None:
     assert served_backbone("qwen2.5-7b-instruct-grpo-step40", "Qwen/Qwen2.5-7B-Instruct")
     assert served_backbone("Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
     assert not served_backbone("Qwen/Qwen3-4B", "Qwen/Qwen3-8B")
+    # Eval-RAR's Table 1 has a base and an instruct row: each is compared only with its own model
+    assert served_backbone("qwen2.5-3b-grpo-step40", "Qwen/Qwen2.5-3B")
+    assert not served_backbone("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B")
+    assert served_backbone("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B-Instruct")
 
 
 def test_protocol_settings_reach_the_request() -> None:
