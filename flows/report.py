@@ -162,7 +162,7 @@ def paper_section(group: list[EvaluationRow]) -> list[str]:
             same = served_backbone(model, h.model) and isinstance(ours, float | int)
             diff = f"{float(ours) * h.scale - h.value:+.3g}" if same and ours is not None else "-"
             label = h.model if same else f"{h.model} (the paper's; this run serves {model or '?'})"
-            rows.append([str(r.metrics.get("label")), h.metric, f"{h.value:g}", diff, label, h.source])
+            rows.append([str(r.metrics.get("label")), h.metric, h.printed, diff, label, h.source])
     if not rows:
         return []
     head = ["evaluation", "metric", "paper", "ours - paper", "paper's model", "source"]

@@ -7,9 +7,11 @@ Every value carries the section, table or appendix of ``../shared/papers/<recipe
 from; where the paper gives none, the field says so and the project's choice is named (decoding
 not given = greedy, temperature 0).
 
-:data:`HEADLINES` holds each paper's own result rows (model, dataset, metric, value as printed,
-table). The evaluation report prints them beside the project's figures: as a comparison when the
-served model is the paper's backbone, else labelled with the paper's model only.
+:data:`HEADLINES` holds each paper's own result rows (model as a hub id, dataset, metric, value as
+printed, table). The evaluation report prints them beside the project's figures: as a comparison
+when the served model is the paper's backbone, else labelled with the paper's model only. It is the
+one source of docs/papers.md's headline table, which ``python -m hoprl.protocols --markdown``
+prints (:func:`markdown`; tests/hoprl/test_papers_table.py checks the two are the same).
 
     >>> p = PROTOCOLS["evo-rag"]
     >>> p.max_steps, [s.dataset for s in p.sets]
@@ -96,6 +98,12 @@ class Headline:
     value: float
     source: str
     scale: float = 1.0
+    decimals: int | None = None  # the digits the paper prints after the point (None: as Python prints it)
+
+    @property
+    def printed(self) -> str:
+        """The value as the paper prints it (``0.780``, ``64.0``, ``1.20``)."""
+        return repr(self.value) if self.decimals is None else f"{self.value:.{self.decimals}f}"
 
 
 PROTOCOLS: dict[str, Protocol] = {
@@ -221,7 +229,7 @@ PROTOCOLS: dict[str, Protocol] = {
 
 def _table(
     recipe: str, source: str, metrics: tuple[str, ...], rows: dict[str, dict[str, tuple[float, ...]]],
-    scale: float = 1.0,
+    scale: float = 1.0, decimals: int | None = None,
 ) -> list[Headline]:  # fmt: skip
     """Rows of a printed table: ``{model: {dataset: (value per metric)}}``."""
     return [
@@ -233,6 +241,7 @@ def _table(
             value,
             source,
             1.0 if metric in ("k", "retrieval_count", "steps") else scale,
+            decimals,
         )
         for model, cells in rows.items()
         for dataset, values in cells.items()
@@ -243,50 +252,66 @@ def _table(
 # The papers' own rows, values as printed. Column order of each table is the paper's.
 HEADLINES: list[Headline] = [
     *_table("evo-rag", "Table 3", ("em", "f1"), {
-        "DeepSeek-R1-Distill-Llama-8B": {
+        "deepseek-ai/DeepSeek-R1-Distill-Llama-8B": {
             "hotpotqa": (57.8, 71.4), "2wiki": (52.6, 66.4), "musique": (51.8, 63.7),
             "bamboogle": (45.3, 58.2)},
-        "Llama-3.1-8B-Instruct": {
+        "meta-llama/Llama-3.1-8B-Instruct": {
             "hotpotqa": (57.4, 71.2), "2wiki": (53.0, 66.9), "musique": (52.5, 64.4),
             "bamboogle": (45.7, 58.6)},
-        "Qwen2.5-7B-Instruct": {
+        "Qwen/Qwen2.5-7B-Instruct": {
             "hotpotqa": (57.6, 71.5), "2wiki": (53.2, 67.1), "musique": (52.2, 64.0),
             "bamboogle": (46.0, 59.0)},
+    }, scale=100, decimals=1),
+    *_table("evo-rag", "Table 7 (GRPO)", ("steps",),
+            {"meta-llama/Llama-3.1-8B-Instruct": {"hotpotqa": (10.2,)}}, decimals=1),
+    *_table("evo-rag", "Table 6 (Full)", ("steps",),
+            {"Qwen/Qwen2.5-7B-Instruct": {"hotpotqa": (10.4,)}}, decimals=1),
+    *_table("r2ag", "Table 1 (R2AG-0.56B@8B@top-1)", ("recall", "full_recall", "k", "map"), {
+        "Qwen/Qwen3-8B": {
+            "hotpotqa": (92.4, 87.1, 3.873, 79.39), "2wiki": (97.32, 94.1, 5.779, 84.78),
+            "musique": (71.91, 51.3, 6.108, 57.3), "multihoprag": (46.44, 8.9, 10.01, 26.61)},
     }, scale=100),
-    *_table("evo-rag", "Table 7 (GRPO)", ("steps",), {"Llama-3.1-8B-Instruct": {"hotpotqa": (10.2,)}}),
-    *_table("evo-rag", "Table 6 (Full)", ("steps",), {"Qwen2.5-7B-Instruct": {"hotpotqa": (10.4,)}}),
-    *_table("r2ag", "Table 1 (R2AG-0.56B@8B@top-1)", ("recall", "full_recall", "k", "map"), {"Qwen3-8B": {
-        "hotpotqa": (92.4, 87.1, 3.873, 79.39), "2wiki": (97.32, 94.1, 5.779, 84.78),
-        "musique": (71.91, 51.3, 6.108, 57.3), "multihoprag": (46.44, 8.9, 10.01, 26.61)}}, scale=100),
-    *_table("r2ag", "Table 3 (R2AG-Qwen3-8B)", ("em", "f1"), {"Qwen3-8B": {
+    *_table("r2ag", "Table 3 (R2AG-Qwen3-8B)", ("em", "f1"), {"Qwen/Qwen3-8B": {
         "nq": (49.6, 59.39), "hotpotqa": (64.1, 77.52), "2wiki": (92.5, 93.01), "musique": (42.7, 54.12),
         "multihoprag": (57.9, 60.33)}}, scale=100),
     *_table("r2ag", "Table 3 (R2AG-Qwen3-8B, GPT-4o judge)", ("judge",),
-            {"Qwen3-8B": {"multihoprag": (80.9,)}}, scale=100),
+            {"Qwen/Qwen3-8B": {"multihoprag": (80.9,)}}, scale=100),
     *_table("eval-rar", "Table 1", ("em",), {
-        "Qwen2.5-3B-Instruct": {"nq": (0.462,), "triviaqa": (0.611,), "popqa": (0.448,), "hotpotqa": (0.403,),
-                                "2wiki": (0.383,), "musique": (0.171,), "bamboogle": (0.352,)},
-        "Qwen2.5-3B": {"nq": (0.471,), "triviaqa": (0.629,), "popqa": (0.453,), "hotpotqa": (0.412,),
-                       "2wiki": (0.394,), "musique": (0.161,), "bamboogle": (0.368,)},
-    }),
+        "Qwen/Qwen2.5-3B-Instruct": {
+            "nq": (0.462,), "triviaqa": (0.611,), "popqa": (0.448,), "hotpotqa": (0.403,),
+            "2wiki": (0.383,), "musique": (0.171,), "bamboogle": (0.352,)},
+        "Qwen/Qwen2.5-3B": {
+            "nq": (0.471,), "triviaqa": (0.629,), "popqa": (0.453,), "hotpotqa": (0.412,),
+            "2wiki": (0.394,), "musique": (0.161,), "bamboogle": (0.368,)},
+    }, decimals=3),
     *_table("arena", "Table 3", ("em", "f1", "judge"), {
-        "Llama-3.1-8B-Instruct": {
+        "meta-llama/Llama-3.1-8B-Instruct": {
             "hotpotqa": (0.552, 0.703, 0.780), "2wiki": (0.622, 0.710, 0.735),
             "musique": (0.358, 0.445, 0.466)},
-        "Qwen2.5-7B-Instruct": {
+        "Qwen/Qwen2.5-7B-Instruct": {
             "hotpotqa": (0.628, 0.762, 0.812), "2wiki": (0.660, 0.752, 0.786),
             "musique": (0.400, 0.520, 0.508)},
-    }),
+    }, decimals=3),
     *_table("when-to-search", "Table 3", ("f1", "judge", "retrieval_count"), {
-        "Qwen2.5-3B-Instruct": {
+        "Qwen/Qwen2.5-3B-Instruct": {
             "nq": (0.27, 0.39, 0.59), "popqa": (0.37, 0.33, 0.85), "triviaqa": (0.40, 0.57, 0.39),
             "hotpotqa": (0.39, 0.38, 0.75), "musique": (0.21, 0.14, 1.10), "2wiki": (0.49, 0.28, 0.68),
             "bamboogle": (0.45, 0.29, 0.87)},
-        "Qwen2.5-7B-Instruct": {
+        "Qwen/Qwen2.5-7B-Instruct": {
             "nq": (0.46, 0.48, 0.82), "popqa": (0.57, 0.59, 1.04), "triviaqa": (0.60, 0.73, 0.66),
             "hotpotqa": (0.52, 0.53, 1.09), "musique": (0.34, 0.37, 1.65), "2wiki": (0.55, 0.53, 1.20),
             "bamboogle": (0.49, 0.49, 1.03)},
-    }),
+    }, decimals=2),
+    # Table 1's last training stage (Stage two) of the Qwen3 reasoning models; Table 4's "Ours" row
+    # repeats Qwen3-4B's figures except Bamboogle's RC (1.14 there, 1.44 here)
+    *_table("when-to-search", "Table 1 (Stage two)", ("judge", "retrieval_count"), {
+        "Qwen/Qwen3-4B": {
+            "nq": (0.57, 1.07), "popqa": (0.54, 1.06), "triviaqa": (0.83, 1.03), "hotpotqa": (0.55, 1.11),
+            "musique": (0.24, 1.25), "2wiki": (0.61, 1.33), "bamboogle": (0.61, 1.44)},
+        "Qwen/Qwen3-8B": {
+            "nq": (0.64, 1.13), "popqa": (0.53, 1.01), "triviaqa": (0.81, 1.01), "hotpotqa": (0.55, 1.15),
+            "musique": (0.27, 2.15), "2wiki": (0.51, 1.41), "bamboogle": (0.56, 1.22)},
+    }, decimals=2),
 ]  # fmt: skip
 
 
@@ -314,15 +339,39 @@ def sample(questions: list[T], evalset: EvalSet, seed: int = 0) -> list[T]:
 
 def served_backbone(served_model: str, paper_model: str) -> bool:
     """Whether the served model is the paper's backbone: its name (a checkpoint folder or HF id)
-    contains the paper model's name, case and ``-``/``.``/``_`` aside (``Qwen/Qwen2.5-7B-Instruct``
-    and ``qwen2.5-7b-instruct-grpo-step40`` serve ``Qwen2.5-7B-Instruct``)."""
+    contains the paper model's name without its hub owner, case and ``-``/``.``/``_`` aside
+    (``Qwen/Qwen2.5-7B-Instruct`` and ``qwen2.5-7b-instruct-grpo-step40`` serve
+    ``Qwen/Qwen2.5-7B-Instruct``). A base model's name followed by ``instruct`` is its instruct
+    variant, not it (``Qwen2.5-3B-Instruct`` does not serve Eval-RAR's ``Qwen/Qwen2.5-3B``)."""
 
     def norm(s: str) -> str:
         return "".join(c for c in s.lower() if c.isalnum())
 
-    return norm(paper_model) in norm(served_model)
+    paper, served = norm(paper_model.rsplit("/", 1)[-1]), norm(served_model)
+    at = served.find(paper)
+    return at >= 0 and not served[at + len(paper) :].startswith("instruct")
+
+
+#: the header of docs/papers.md's headline table
+MARKDOWN_HEADER = ("recipe", "model", "dataset", "metric", "value", "source")
+
+
+def markdown(rows: list[Headline] | None = None) -> str:
+    """:data:`HEADLINES` as docs/papers.md's headline table (``python -m hoprl.protocols --markdown``)."""
+    lines = ["| " + " | ".join(MARKDOWN_HEADER) + " |", "|" + "---|" * len(MARKDOWN_HEADER)]
+    for h in HEADLINES if rows is None else rows:
+        lines.append(f"| {h.recipe} | {h.model} | {h.dataset} | {h.metric} | {h.printed} | {h.source} |")
+    return "\n".join(lines) + "\n"
 
 
 def headlines(recipe: str, dataset: str) -> list[Headline]:
     """The paper's rows for ``dataset`` (a :class:`EvalSet` dataset name), in table order."""
     return [h for h in HEADLINES if h.recipe == recipe and h.dataset == dataset]
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m hoprl.protocols --markdown  (prints docs/papers.md's headline table)")
+    print(markdown(), end="")

@@ -54,9 +54,9 @@ def test_arena_protocol_on_two_hotpotqa_questions(tmp_path: Path) -> None:
     # Table 3's ARENA rows on HotpotQA (EM / F1 / LJ), two backbones; the default model is neither
     paper = {(r["model"], r["metric"]): r["value"] for r in report["paper"]}
     assert paper == {
-        ("Llama-3.1-8B-Instruct", "em"): 0.552, ("Llama-3.1-8B-Instruct", "f1"): 0.703,
-        ("Llama-3.1-8B-Instruct", "judge"): 0.780, ("Qwen2.5-7B-Instruct", "em"): 0.628,
-        ("Qwen2.5-7B-Instruct", "f1"): 0.762, ("Qwen2.5-7B-Instruct", "judge"): 0.812,
+        ("meta-llama/Llama-3.1-8B-Instruct", "em"): 0.552, ("meta-llama/Llama-3.1-8B-Instruct", "f1"): 0.703,
+        ("meta-llama/Llama-3.1-8B-Instruct", "judge"): 0.780, ("Qwen/Qwen2.5-7B-Instruct", "em"): 0.628,
+        ("Qwen/Qwen2.5-7B-Instruct", "f1"): 0.762, ("Qwen/Qwen2.5-7B-Instruct", "judge"): 0.812,
     }  # fmt: skip
     assert report["model"] == "smollm2-135m-instruct" and not any(r["compared"] for r in report["paper"])
 

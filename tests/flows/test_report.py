@@ -187,7 +187,7 @@ def test_paper_figures_beside_ours_only_for_the_papers_backbone() -> None:
         return EvaluationRow(dataset="hotpotqa", split="dev", metrics=metrics)
 
     same = [line for line in paper_section([row("qwen2.5-7b-instruct-step40")]) if "| em |" in line]
-    assert any("| 0.628 | -0.128 | Qwen2.5-7B-Instruct | Table 3 |" in line for line in same), same
+    assert any("| 0.628 | -0.128 | Qwen/Qwen2.5-7B-Instruct | Table 3 |" in line for line in same), same
     other = [line for line in paper_section([row("smollm2-135m-instruct")]) if "| em |" in line]
     assert other and all("| - |" in line and "the paper's; this run serves smollm2" in line for line in other)
     assert paper_section([EvaluationRow(dataset="hotpotqa", split="dev", metrics={"em": 0.5})]) == []

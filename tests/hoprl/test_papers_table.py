@@ -15,6 +15,7 @@ import yaml
 
 from cli.train import add_arguments, job_request
 from hoprl.configs import MACHINE, SMALL, paper_defaults, read_config
+from hoprl.protocols import HEADLINES, markdown
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,13 +117,38 @@ def test_the_headline_table_parses() -> None:
         float(row["value"])
         assert re.search(r"Table \d", row["source"]), row
         assert "/" in row["model"], row  # a hub id, as the configs name models
-    # a few rows checked by eye against the papers' tables
-    rows = {(r["recipe"], r["model"], r["dataset"], r["metric"]): float(r["value"]) for r in headline}
-    assert rows["evo-rag", "Qwen/Qwen2.5-7B-Instruct", "hotpotqa", "em"] == 57.6  # Table 3
-    assert rows["r2ag", "Qwen/Qwen3-8B", "2wiki", "f1"] == 93.01  # Table 3
-    assert rows["eval-rar", "Qwen/Qwen2.5-3B", "bamboogle", "em"] == 0.368  # Table 1
-    assert rows["arena", "Qwen/Qwen2.5-7B-Instruct", "musique", "acc"] == 0.508  # Table 3, LJ
-    assert rows["when-to-search", "Qwen/Qwen2.5-7B-Instruct", "musique", "rc"] == 1.65  # Table 3
+    # a few rows checked by eye against the papers' tables, as printed there
+    rows = {(r["recipe"], r["model"], r["dataset"], r["metric"]): r["value"] for r in headline}
+    assert rows["evo-rag", "Qwen/Qwen2.5-7B-Instruct", "hotpotqa", "em"] == "57.6"  # Table 3
+    assert rows["evo-rag", "Qwen/Qwen2.5-7B-Instruct", "musique", "f1"] == "64.0"  # Table 3
+    assert rows["evo-rag", "deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "bamboogle", "f1"] == "58.2"  # Table 3
+    assert rows["evo-rag", "Qwen/Qwen2.5-7B-Instruct", "hotpotqa", "steps"] == "10.4"  # Table 6, Full
+    assert rows["r2ag", "Qwen/Qwen3-8B", "2wiki", "f1"] == "93.01"  # Table 3
+    assert rows["r2ag", "Qwen/Qwen3-8B", "multihoprag", "k"] == "10.01"  # Table 1, top-1
+    assert rows["eval-rar", "Qwen/Qwen2.5-3B", "bamboogle", "em"] == "0.368"  # Table 1
+    assert rows["arena", "meta-llama/Llama-3.1-8B-Instruct", "hotpotqa", "judge"] == "0.780"  # Table 3, LJ
+    assert (
+        rows["when-to-search", "Qwen/Qwen2.5-7B-Instruct", "musique", "retrieval_count"] == "1.65"
+    )  # Table 3
+    assert rows["when-to-search", "Qwen/Qwen2.5-7B-Instruct", "2wiki", "retrieval_count"] == "1.20"  # Table 3
+    assert (
+        rows["when-to-search", "Qwen/Qwen3-4B", "bamboogle", "retrieval_count"] == "1.44"
+    )  # Table 1, Stage two
+
+
+def test_the_headline_table_is_hoprl_protocols_headlines() -> None:
+    """One source: docs/papers.md's headline table is HEADLINES row for row, in order (regenerate it
+    with ``python -m hoprl.protocols --markdown``)."""
+    _, headline = tables()
+    doc = [tuple(row.values()) for row in headline]
+    code = [(h.recipe, h.model, h.dataset, h.metric, h.printed, h.source) for h in HEADLINES]
+    assert [r for r in doc if r not in code] == [], "docs/papers.md rows not in HEADLINES"
+    assert [r for r in code if r not in doc] == [], "HEADLINES rows not in docs/papers.md"
+    assert doc == code
+    assert markdown() in PAPERS_MD.read_text()
+    for row in headline:  # the printed value is the figure the report compares with
+        (h,) = [h for h in HEADLINES if (h.recipe, h.model, h.dataset, h.metric) == tuple(row.values())[:4]]
+        assert float(row["value"]) == h.value, row
 
 
 def cli_request(recipe: str) -> dict[str, Any]:

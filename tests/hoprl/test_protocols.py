@@ -89,14 +89,14 @@ def test_when_to_search() -> None:
 @pytest.mark.parametrize(
     ("recipe", "model", "dataset", "metric", "value", "source"),
     [
-        ("evo-rag", "Qwen2.5-7B-Instruct", "hotpotqa", "em", 57.6, "Table 3"),  # §4.3: 57.6/71.5
-        ("evo-rag", "Llama-3.1-8B-Instruct", "bamboogle", "f1", 58.6, "Table 3"),
-        ("evo-rag", "Llama-3.1-8B-Instruct", "hotpotqa", "steps", 10.2, "Table 7 (GRPO)"),
-        ("r2ag", "Qwen3-8B", "musique", "full_recall", 51.3, "Table 1 (R2AG-0.56B@8B@top-1)"),
-        ("r2ag", "Qwen3-8B", "2wiki", "em", 92.5, "Table 3 (R2AG-Qwen3-8B)"),
-        ("eval-rar", "Qwen2.5-3B", "bamboogle", "em", 0.368, "Table 1"),
-        ("arena", "Qwen2.5-7B-Instruct", "hotpotqa", "judge", 0.812, "Table 3"),
-        ("when-to-search", "Qwen2.5-7B-Instruct", "musique", "retrieval_count", 1.65, "Table 3"),
+        ("evo-rag", "Qwen/Qwen2.5-7B-Instruct", "hotpotqa", "em", 57.6, "Table 3"),  # §4.3: 57.6/71.5
+        ("evo-rag", "meta-llama/Llama-3.1-8B-Instruct", "bamboogle", "f1", 58.6, "Table 3"),
+        ("evo-rag", "meta-llama/Llama-3.1-8B-Instruct", "hotpotqa", "steps", 10.2, "Table 7 (GRPO)"),
+        ("r2ag", "Qwen/Qwen3-8B", "musique", "full_recall", 51.3, "Table 1 (R2AG-0.56B@8B@top-1)"),
+        ("r2ag", "Qwen/Qwen3-8B", "2wiki", "em", 92.5, "Table 3 (R2AG-Qwen3-8B)"),
+        ("eval-rar", "Qwen/Qwen2.5-3B", "bamboogle", "em", 0.368, "Table 1"),
+        ("arena", "Qwen/Qwen2.5-7B-Instruct", "hotpotqa", "judge", 0.812, "Table 3"),
+        ("when-to-search", "Qwen/Qwen2.5-7B-Instruct", "musique", "retrieval_count", 1.65, "Table 3"),
     ],
 )
 def test_headline_cells(
@@ -136,6 +136,14 @@ def test_served_backbone() -> None:
     assert served_backbone("qwen2.5-7b-instruct-grpo-step40", "Qwen2.5-7B-Instruct")
     assert not served_backbone("smollm2-135m-instruct", "Qwen2.5-7B-Instruct")
     assert not served_backbone("Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct")
+    # the hub owner of the paper's model is not part of a served checkpoint's folder name
+    assert served_backbone("qwen2.5-7b-instruct-grpo-step40", "Qwen/Qwen2.5-7B-Instruct")
+    assert served_backbone("Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
+    assert not served_backbone("Qwen/Qwen3-4B", "Qwen/Qwen3-8B")
+    # Eval-RAR's Table 1 has a base and an instruct row: each is compared only with its own model
+    assert served_backbone("qwen2.5-3b-grpo-step40", "Qwen/Qwen2.5-3B")
+    assert not served_backbone("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B")
+    assert served_backbone("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B-Instruct")
 
 
 def test_protocol_settings_reach_the_request() -> None:
