@@ -19,6 +19,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # user-wide ~/.prefect: a database another Prefect version migrated there (measured: one left by
 # Prefect 3.8 stops 3.7 with "Can't locate revision") cannot stop `make run` or `make test`.
 export PREFECT_HOME ?= $(CURDIR)/.hoprl/prefect-home
+$(shell mkdir -p "$(PREFECT_HOME)")
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
