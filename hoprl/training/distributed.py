@@ -31,6 +31,22 @@ import torch
 T = TypeVar("T")
 
 
+def _cpu_rank_location(storage: Any, location: str) -> Any:
+    """Restores a storage saved or mapped to ``cpu:<rank>`` on the CPU.
+
+    transformers 5.17 resumes a multi-process job's optimizer state with ``map_location =
+    args.device``, which on a CPU-only DDP job is ``cpu:<local rank>``; torch's own CPU
+    deserializer accepts only ``cpu`` and the resume fails ("don't know how to restore data
+    location ... cpu:0", measured). Registered through torch's public ``register_package``, the
+    hook torch provides for such locations (transformers 5.24 no longer maps there)."""
+    if location.startswith("cpu:"):
+        return storage.cpu()
+    return None
+
+
+torch.serialization.register_package(30, lambda _storage: None, _cpu_rank_location)
+
+
 def rank() -> int:
     """This process's global rank (0 outside a distributed launch)."""
     return int(os.environ.get("RANK", "0"))

@@ -69,7 +69,9 @@ def expected_reward(name: str, ep: Episode) -> float:
     queries = ep.queries  # stage 1, correct: r_a = 1; r_f = 1; r_s below
     vectors = get_embedder().encode(queries)
     pairs = list(itertools.combinations(range(len(queries)), 2))
-    r_s = -sum(float(np.dot(vectors[i], vectors[j])) for i, j in pairs) / len(pairs)
+    # Eq. 8 as printed: avg_sim = sum over i < j of cos(q_i, q_j), divided by N(N-1); r_s = -avg_sim
+    n = len(queries)
+    r_s = -sum(float(np.dot(vectors[i], vectors[j])) for i, j in pairs) / (n * (n - 1))
     return 1 + 1 + r_s
 
 
