@@ -28,7 +28,8 @@ def test_the_trainer_caps_evo_rag_episodes_at_t_max():
 def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
     """20 SEARCH steps of 64 generated tokens, each followed by three real HotpotQA paragraphs, fit
     the default budget, T_max x (256 generated, Table 10 + 3 documents x 200) = 17,120 (counted as
-    the runner counts it: the context's growth, here the token trajectory's completion). The old defaults (4 turns, 512 tokens) held less than two steps."""
+    the runner counts it: the context's growth, here the token trajectory's completion). The old
+    defaults (4 turns, 512 tokens) held less than two steps."""
     import json
 
     from hoprl.agent.tokens import to_token_trajectory
