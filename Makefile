@@ -20,13 +20,17 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # Prefect 3.8 stops 3.7 with "Can't locate revision") cannot stop `make run` or `make test`.
 export PREFECT_HOME ?= $(CURDIR)/.hoprl/prefect-home
 $(shell mkdir -p "$(PREFECT_HOME)")
+# Prefect 3.7 derives the server's memo store from ~/.prefect whatever PREFECT_HOME says (measured:
+# "Unable to write to memo_store.toml at /root/.prefect/..." on every make run): keep it beside.
+export PREFECT_MEMO_STORE_PATH ?= $(PREFECT_HOME)/memo_store.toml
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
+.PHONY: venv run demo-long ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
 
 help:
 	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baseline, SFT, GRPO, final eval (~15 min)"
+	@echo "make demo-long  make run with 10 RL steps and 40 test questions: does RL add to SFT? (<= 60 min)"
 	@echo "make ui       Prefect UI on http://127.0.0.1:4200 + worker + deployments; \`make run\` reports there"
 	@echo "make eval-retrieval  Recall/Full-Recall/mAP of dense, BM25 and hybrid on DATA=$(DATA)"
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
@@ -64,6 +68,14 @@ run: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(PIPELINE_ARGS)
 
 pipeline: run
+
+# The bounded RL-over-SFT attempt (docs/training.md, "make demo-long"): make run's warm start and
+# episode shape, then 10 DAPO steps in two segments (stage 1, then when-to-search's stage 2), 40 test
+# and 8 dev questions, so what the RL steps add over the warm start has a CI narrower than make
+# run's. Sized for at most 60 minutes on 2 CPU cores.
+DEMO_LONG_ARGS ?= --small --steps 10 --segments 2 --sft-steps 24 --eval-limit 40 --dev-limit 8
+demo-long: venv
+	$(BIN)/hoprl pipeline --dataset $(DATASET) $(DEMO_LONG_ARGS)
 
 # A local Prefect server (UI and API on 127.0.0.1:4200, state in .hoprl/prefect, analytics off),
 # the deployment pipeline/pipeline and a worker of the `hoprl` pool, until Ctrl-C; `make run` in

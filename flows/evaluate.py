@@ -256,12 +256,16 @@ def evaluate(
         run_id, dataset or split, split, metrics, predictions(rows, verdicts), checkpoint=checkpoint_id
     )
     get_run_logger().info(
-        "evaluation %d (%s, %s): EM %.3f, F1 %.3f, judge %.3f, %.2f retrievals, cut by token budget %.2f "
-        "/ format error %.2f",
+        # the EM the report heads with (what the recipe can act on), then EM over every question
+        "evaluation %d (%s, %s): EM %.3f (%s; %.3f over all %d), F1 %.3f, judge %.3f, %.2f retrievals, "
+        "cut by token budget %.2f / format error %.2f",
         evaluation_id,
         label,
         recipe,
+        metrics["em_scored"],
+        "refusals scored" if metrics["refusal_action"] else "answerable questions",
         metrics["em"],
+        len(rows),
         metrics["f1"],
         metrics["judge_accuracy"],
         metrics["retrieval_count"],
