@@ -195,7 +195,10 @@ def service_env(
         env = {"POLICY_RETRIEVER_URL": urls["retriever"], "POLICY_ADMIN_TOKEN": token, **policy_limits(shape)}
         return {**env, "POLICY_MODEL": model} if model else env
     if name == "trainer":
-        return {"TRAINER_RETRIEVER_URL": urls["retriever"], "TRAINER_RUNS_DIR": str(run_dir / "jobs")}
+        # the run's own trainer: when the run stops (Ctrl-C, a kill) its job is cancelled, not left
+        # training unwatched for the next run's trainer to adopt; --run-id resumes it from its checkpoint
+        return {"TRAINER_RETRIEVER_URL": urls["retriever"], "TRAINER_RUNS_DIR": str(run_dir / "jobs"),
+                "TRAINER_CANCEL_ON_EXIT": "true"}  # fmt: skip
     return {}
 
 

@@ -12,7 +12,11 @@ background thread (:class:`JobQueue`) polls every ``poll_interval_s``:
   and resumes from its last checkpoint, at most ``MAX_RESTARTS`` times, then marked failed.
 
 On start, runs left ``running`` by a previous service process are adopted when their worker is
-still alive (its pid file), else queued again: jobs survive a service restart.
+still alive (its pid file), else queued again: jobs survive a service restart. A service with
+``cancel_on_exit`` (a pipeline's own local trainer, flows/stack.py) cancels its jobs when it stops
+instead, so a stopped ``make run`` leaves no worker training; on start it adopts nothing and
+cancels the jobs of its own folder a killed service left ``running``, leaving every other run's
+job alone, so the next run's trainer never trains another run's job.
 Cancelling a queued run marks it ``cancelled``; cancelling the running one terminates its worker.
 """
 
@@ -65,6 +69,13 @@ class JobQueue:
     def start(self) -> None:
         for run in self.registry.list_runs(status="running", limit=1000, kind="job"):
             pid = self._pid(run.id)
+            if self.settings.cancel_on_exit:  # a pipeline's own trainer: never another run's job
+                # its own folder's job, left by a killed service (--run-id resubmits it); a job
+                # with no pid file here is another run's, live or not, and stays as it is
+                if pid is not None and not alive(pid):
+                    log.info("run %s was left running by a stopped service: cancelled", run.id)
+                    self.registry.transition_run(run.id, "cancelled", ("running",))
+                continue
             if pid is not None and alive(pid) and self.current is None:
                 log.info("adopting run %s (worker pid %d still alive)", run.id, pid)
                 self.current = (run.id, pid)
@@ -74,9 +85,13 @@ class JobQueue:
         self.thread.start()
 
     def stop(self) -> None:
-        """Stop polling; a running worker keeps going and is adopted by the next service start."""
+        """Stop polling; a running worker keeps going and is adopted by the next service start,
+        unless ``cancel_on_exit``: then the running job ends ``cancelled`` (it resumes from its
+        checkpoints when submitted again with ``resume_from``)."""
         self.stopping.set()
         self.thread.join(timeout=10)
+        if self.settings.cancel_on_exit and self.current is not None:
+            self.cancel(self.current[0])
 
     def _loop(self) -> None:
         while not self.stopping.is_set():

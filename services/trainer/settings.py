@@ -53,6 +53,12 @@ class TrainerSettings(ServiceSettings):
     )
     torch_threads: int = Field(0, ge=0, description="training threads; 0 = torch default (decoding uses 1)")
     poll_interval_s: float = Field(1.0, gt=0, description="how often the queue looks for work")
+    cancel_on_exit: bool = Field(
+        False,
+        description="when the service stops, cancel the job it runs (resumable from its checkpoints); "
+        "off, a running job keeps training and the next service adopts it. "
+        "A pipeline's own local trainer sets it: nothing would watch that job after the pipeline",
+    )
     python: str | None = Field(None, description="interpreter for job subprocesses; unset = this one")
     vllm_server_url: str | None = Field(
         None,

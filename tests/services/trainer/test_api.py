@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,6 +106,43 @@ def test_job_survives_service_restart(settings: TrainerSettings, tiny_model: str
         done = client.wait(created.id, timeout=300, poll=0.5)
         assert done.status == "succeeded", done.error
         assert done.step == 2
+
+
+def test_cancel_on_exit_stops_the_running_job_with_the_service(
+    settings: TrainerSettings, tiny_model: str, data: Path, collection: str
+) -> None:
+    """A pipeline's own trainer (cancel_on_exit): its job ends with it, worker and all, and a
+    service started next on the same registry finds nothing to adopt or resume."""
+    settings = settings.model_copy(update={"cancel_on_exit": True})
+    with LocalServer(create_app(settings)) as server, TrainerClient(server.url) as client:
+        created = client.submit(job(tiny_model, data, collection, steps=50))
+        while client.get(created.id).status == "queued":
+            time.sleep(0.05)
+        pid = int((settings.runs_dir / created.id / "worker.pid").read_text())
+    with Registry(settings.database_url) as registry:
+        assert registry.get_run(created.id).status == "cancelled"  # type: ignore[union-attr]
+        assert registry.list_runs(status="running", kind="job") == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the worker went with the service, not left training
+
+
+def test_cancel_on_exit_starts_without_taking_another_runs_job(settings: TrainerSettings) -> None:
+    """At start, a pipeline's own trainer cancels the job its folder's killed predecessor left
+    ``running`` (dead worker pid) and leaves a job with no pid file here (another run's) alone."""
+    settings = settings.model_copy(update={"cancel_on_exit": True})
+    with Registry(settings.database_url) as registry:
+        ours, theirs = (submit(registry, JobRequest(recipe="search-r1", steps=3)).id for _ in range(2))
+        for run_id in (ours, theirs):
+            registry.set_run_status(run_id, "running")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    (settings.runs_dir / ours).mkdir(parents=True)
+    (settings.runs_dir / ours / "worker.pid").write_text(str(dead.pid))
+    with LocalServer(create_app(settings)), Registry(settings.database_url) as registry:
+        assert registry.get_run(ours).status == "cancelled"  # type: ignore[union-attr]
+        time.sleep(3 * settings.poll_interval_s)  # a few queue ticks: nothing is launched
+        assert registry.get_run(theirs).status == "running"  # type: ignore[union-attr]
+        assert not (settings.runs_dir / theirs).exists()
 
 
 def test_pipeline_runs_are_never_taken_for_jobs(settings: TrainerSettings) -> None:
