@@ -72,10 +72,14 @@ pipeline: run
 # The bounded RL-over-SFT attempt (docs/training.md, "make demo-long"): make run's warm start and
 # episode shape, then 10 DAPO steps in two segments (stage 1, then when-to-search's stage 2), 40 test
 # and 8 dev questions, so what the RL steps add over the warm start has a CI narrower than make
-# run's. Sized for at most 60 minutes on 2 CPU cores.
-DEMO_LONG_ARGS ?= --small --steps 10 --segments 2 --sft-steps 24 --eval-limit 40 --dev-limit 8
+# run's. Sized for at most 60 minutes on 2 idle CPU cores. DEMO_LONG_FROM=<the SFT checkpoint folder
+# of a make run> starts the RL steps from that warm start instead of training it again: the report's
+# baseline row is then the warm start itself, and "final vs baseline" is what RL added to it.
+DEMO_LONG_ARGS ?= --small --steps 10 --segments 2 --eval-limit 40 --dev-limit 8
+DEMO_LONG_FROM ?=
 demo-long: venv
-	$(BIN)/hoprl pipeline --dataset $(DATASET) $(DEMO_LONG_ARGS)
+	$(BIN)/hoprl pipeline --dataset $(DATASET) $(DEMO_LONG_ARGS) \
+		$(if $(DEMO_LONG_FROM),--model $(DEMO_LONG_FROM) --sft-steps 0,--sft-steps 24)
 
 # A local Prefect server (UI and API on 127.0.0.1:4200, state in .hoprl/prefect, analytics off),
 # the deployment pipeline/pipeline and a worker of the `hoprl` pool, until Ctrl-C; `make run` in
