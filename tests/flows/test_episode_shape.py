@@ -18,7 +18,7 @@ from flows.stack import service_env
 from flows.training import dev_options, segment_request
 from hoprl.recipes import get_recipe
 from hoprl.schemas.trainer import JobRequest, job_episode_shape
-from services.policy.settings import PolicySettings
+from services.policy.settings import PolicySettings, installed_engine
 from services.trainer.jobs import rollout_options
 from services.trainer.settings import TrainerSettings
 
@@ -67,8 +67,11 @@ def test_the_local_policy_answers_in_the_shape(tmp_path: Path, monkeypatch: pyte
     env = service_env("policy", tmp_path, {"retriever": "http://r"}, "t", None, job_episode_shape(request()))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.delenv("POLICY_ENGINE", raising=False)
     settings = PolicySettings()
     served = {"max_steps": settings.max_steps, "max_new_tokens_per_step": settings.max_tokens_per_step,
               "token_budget": settings.token_budget}  # fmt: skip
     assert served == SHAPE and settings.constrained_decoding is False
     assert get_recipe("when-to-search").top_k == run_shape(PARAMS)["documents_per_search"]
+    # the default engine (vllm where installed), eager, its KV cache sized for 16 such episodes
+    assert (settings.engine, settings.eager, settings.kv_cache_gib) == (installed_engine(), True, 2)

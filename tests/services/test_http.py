@@ -61,6 +61,7 @@ def make_apps(tmp: Path, retriever_url: str) -> dict[str, FastAPI]:
         ),
         "policy": policy_app(
             PolicySettings(
+                engine="transformers",
                 model=model,
                 retriever_url=retriever_url,
                 max_tokens=4,

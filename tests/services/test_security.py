@@ -78,8 +78,9 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Servic
                 TrainerSettings(database_url=database, runs_dir=tmp / "jobs", retriever_url=r.url)
             )
             policy_settings = PolicySettings(
-                model=model, retriever_url=r.url, default_collection=COLLECTION, default_recipe="naive-rag",
-                admin_token=ADMIN_TOKEN, max_tokens=8, max_steps=2, max_tokens_per_step=16, token_budget=512,
+                engine="transformers", model=model, retriever_url=r.url, default_collection=COLLECTION,
+                default_recipe="naive-rag", admin_token=ADMIN_TOKEN, max_tokens=8, max_steps=2,
+                max_tokens_per_step=16, token_budget=512,
             )  # fmt: skip
             policy = create_policy(policy_settings)
             with LocalServer(judge) as j, LocalServer(trainer) as t, LocalServer(policy) as p:
@@ -294,7 +295,10 @@ def test_a_policy_with_another_key_than_its_retriever_says_so(
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOPRL_API_KEY", "another-key-9d1e")
         settings = PolicySettings(
-            model=model, retriever_url=keyed["retriever"].url, default_recipe="naive-rag"
+            engine="transformers",
+            model=model,
+            retriever_url=keyed["retriever"].url,
+            default_recipe="naive-rag",
         )
         with (
             LocalServer(create_policy(settings)) as policy,

