@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from hoprl.agent.trajectory import Episode, RetrievedDoc
-from hoprl.embedding import get_embedder
 from hoprl.recipes.base import RewardFunc
 
 #: ``t -> {signal name: weight}`` for the 1-based step index ``t``
@@ -105,6 +104,8 @@ def query_cosines(queries: Sequence[str]) -> np.ndarray:
     """
     if not queries:
         return np.zeros((0, 0), dtype=np.float32)
+    from hoprl.embedding import get_embedder  # torch and transformers: only where a reward embeds
+
     distinct = list(dict.fromkeys(queries))
     vectors = get_embedder().encode(distinct)
     sims = vectors @ vectors.T

@@ -213,59 +213,6 @@ def test_train_runs_segments_and_switches_stage(
     assert jobs[0].model == reg.checkpoints("train-run")[1].path and jobs[0].stage == "stage2"
 
 
-def test_pipeline_resumes_with_the_same_run_id(urls: ServiceUrls, tiny_model: str) -> None:
-    env = {
-        "HOPRL_RETRIEVER_URL": urls.retriever,
-        "HOPRL_POLICY_URL": urls.policy,
-        "HOPRL_JUDGE_URL": urls.judge,
-        "HOPRL_TRAINER_URL": urls.trainer,
-    }
-    hp = {
-        "questions_per_step": 2,
-        "num_generations": 2,
-        "max_turns": 2,
-        "max_new_tokens_per_step": 8,
-        "token_budget": 64,
-    }
-    args: dict[str, Any] = {
-        "model": tiny_model,
-        "steps": 1,
-        "segments": 1,
-        "sft_steps": 1,
-        "limit": LIMIT,
-        "eval_limit": 4,
-        "dev_limit": 2,
-        "hyperparameters": hp,
-        "run_id": "resumed",
-    }
-    reg = registry()
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in env.items():
-            mp.setenv(name, value)
-        first = pipeline(**args)
-        counts = (
-            len(reg.checkpoints("resumed")),
-            reg.count_episodes("resumed"),
-            len(TrainerClient(urls.trainer).list()),
-        )
-        second = pipeline(**args)
-    assert first["before"] == second["before"] and first["after"] == second["after"]
-    assert counts == (
-        len(reg.checkpoints("resumed")),
-        reg.count_episodes("resumed"),
-        len(TrainerClient(urls.trainer).list()),
-    )
-    run = reg.get_run("resumed")
-    assert run is not None and run.status == "succeeded" and run.prefect_flow_run_id
-    assert Path(first["report"]).is_file() and any(p.endswith("training.png") for p in first["plots"])
-    # The report and the plots are artifacts of each pipeline flow run itself (its Artifacts tab),
-    # one of each: published four times in the first run (three evaluations, the end), updated in
-    # place; the resumed run, whose stages were all skipped, publishes them at its end.
-    assert first["prefect_flow_run_id"] != second["prefect_flow_run_id"] == run.prefect_flow_run_id
-    keys = ["resumed-accuracy", "resumed-report", "resumed-training"]
-    assert artifact_keys(first["prefect_flow_run_id"]) == artifact_keys(second["prefect_flow_run_id"]) == keys
-
-
 def artifact_keys(flow_run_id: str) -> list[str]:
     """The keys of the artifacts that belong to a flow run, as its Artifacts tab lists them."""
 
@@ -282,7 +229,11 @@ def artifact_keys(flow_run_id: str) -> list[str]:
 def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
     env: Path, urls: ServiceUrls, tiny_model: str
 ) -> None:
-    """SIGKILL the flow's process while a training segment runs, then run ``pipeline`` again."""
+    """SIGKILL the flow's process while a training segment runs, then run ``pipeline`` again; once
+    the run has succeeded, a third ``pipeline`` with the same run id skips every stage.
+
+    One run covers both resumptions (after a kill, after success): every whole pipeline costs an
+    SFT job and RL jobs, each a fresh trainer process."""
     from prefect.settings import PREFECT_API_URL
 
     from flows.training import SegmentJobs
@@ -323,7 +274,10 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
             for name, value in service_env.items():
                 mp.setenv(name, value)
             result = pipeline(**args)
+            counts = (len(reg.checkpoints(run_id)), reg.count_episodes(run_id), len(client.list()))
+            again = pipeline(**args)  # every stage done: all skipped, nothing submitted or stored
         jobs = [j for j in client.list() if j.id not in jobs_before]
+        counts_again = (len(reg.checkpoints(run_id)), reg.count_episodes(run_id), len(client.list()))
     assert reg.get_run(run_id).status == "succeeded"  # type: ignore[union-attr]
     # One trainer job per segment (SFT, steps 1-2, steps 3-4): the killed segment's job was waited
     # for again, not submitted twice, and no checkpoint is missing or repeated.
@@ -337,3 +291,15 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
             assert [reg.count_episodes(job.id, s) for s in (1, 2)] == [2 * 2, 2 * 2]
     assert [reg.count_episodes(run_id, s) for s in (2, 4)] == [2, 2]
     assert [step for step, _ in reg.metric_series(run_id, "dev/em")] == [2, 4]
+    # The run again: the same results, and no checkpoint, episode or trainer job added.
+    assert result["before"] == again["before"] and result["after"] == again["after"]
+    assert counts == counts_again
+    run = reg.get_run(run_id)
+    assert run is not None and run.prefect_flow_run_id == again["prefect_flow_run_id"]
+    assert Path(result["report"]).is_file() and any(p.endswith("training.png") for p in result["plots"])
+    # The report and the plots are artifacts of each pipeline flow run itself (its Artifacts tab),
+    # one of each: published at each evaluation and at the end, updated in place; the run whose
+    # stages were all skipped publishes them at its end.
+    assert result["prefect_flow_run_id"] != again["prefect_flow_run_id"]
+    keys = [f"{run_id}-accuracy", f"{run_id}-report", f"{run_id}-training"]
+    assert artifact_keys(result["prefect_flow_run_id"]) == artifact_keys(again["prefect_flow_run_id"]) == keys

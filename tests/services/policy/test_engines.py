@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -97,12 +98,20 @@ def test_openai_engine_forwards_to_a_compatible_server(policy_url: str, engine: 
     remote.close()
 
 
+@pytest.fixture(scope="module")
+def vllm_engine(model_path: str) -> Iterator[VllmEngine]:
+    """One vLLM engine for this module's two vLLM tests: a start costs ~70 s on two shared cores."""
+    engine = VllmEngine(model_path, gpu_memory_utilization=0.3)
+    yield engine
+    engine.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is a GPU-only extra (pip install hoprl[gpu])"
 )
-def test_vllm_engine_matches_the_interface(model_path: str) -> None:
-    engine = VllmEngine(model_path, gpu_memory_utilization=0.3)
+def test_vllm_engine_matches_the_interface(vllm_engine: VllmEngine, model_path: str) -> None:
+    engine = vllm_engine
     (g,) = engine.generate([CHAT], SamplingParams(max_tokens=8, temperature=0, logprobs=True, stop=(".",)))[0]
     assert (
         g.text
@@ -114,14 +123,13 @@ def test_vllm_engine_matches_the_interface(model_path: str) -> None:
     assert len(outs[0]) == 2
     engine.load(model_path)
     assert engine.model_path == model_path
-    engine.close()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is a GPU-only extra (pip install hoprl[gpu])"
 )
-def test_vllm_engine_decodes_under_a_recipe_grammar(model_path: str) -> None:
+def test_vllm_engine_decodes_under_a_recipe_grammar(vllm_engine: VllmEngine) -> None:
     """The grammar's Lark text goes to vLLM's structured outputs (guidance backend): the output
     parses to an action, as on the transformers engine."""
     from hoprl.agent.grammar import grammar
@@ -130,9 +138,7 @@ def test_vllm_engine_decodes_under_a_recipe_grammar(model_path: str) -> None:
     recipe, rule = get_recipe("search-r1"), grammar("search-r1", max_tokens=128)
     messages = recipe.messages(Question(id="q", dataset="t", split="dev", question="Who founded Acme?"))
     params = SamplingParams(max_tokens=128, temperature=0, stop=tuple(recipe.stop), grammar=rule.lark)
-    engine = VllmEngine(model_path, gpu_memory_utilization=0.3)
-    (g,) = engine.generate([messages], params)[0]
-    engine.close()
+    (g,) = vllm_engine.generate([messages], params)[0]
     assert recipe.parse(g.text + (g.stop_reason or "")).kind in ("search", "answer"), g.text
 
 
