@@ -85,7 +85,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows = [
         f"{name:<22}{before[key]:>8.3f}{after[key]:>8.3f}{after[key] - before[key]:>+9.3f}"
         for key, name in [
-            ("em", "EM"),
+            ("em_scored", "EM (as the report)"),  # answerable questions unless the recipe can refuse
+            ("em", "EM (all questions)"),
             ("f1", "F1"),
             ("judge_accuracy", "judge accuracy"),
             ("retrieval_count", "retrievals / question"),

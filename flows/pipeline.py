@@ -197,6 +197,16 @@ def evaluate_checkpoint(
     return once(run_id, f"eval/{label}", run, "evaluation_id")
 
 
+#: the before/after figures of a run's summary: ``em_scored`` is the EM the report heads with (what
+#: the recipe can act on: answerable questions for a recipe without a refusal action), ``em`` over all
+SUMMARY_METRICS = ("em_scored", "em", "f1", "judge_accuracy", "retrieval_count")
+
+
+def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's :data:`SUMMARY_METRICS` (a stage stored before ``em_scored`` existed: its EM)."""
+    return {k: metrics.get(k, metrics["em"]) if k == "em_scored" else metrics[k] for k in SUMMARY_METRICS}
+
+
 def summary(
     run_id: str, before: dict[str, Any], after: dict[str, Any], final: dict[str, Any], collection: str
 ) -> dict[str, Any]:
@@ -204,8 +214,8 @@ def summary(
     return {
         "run_id": run_id,
         "recipe": registry().get_run(run_id).recipe,  # type: ignore[union-attr]
-        "before": {k: before["metrics"][k] for k in ("em", "f1", "judge_accuracy", "retrieval_count")},
-        "after": {k: after["metrics"][k] for k in ("em", "f1", "judge_accuracy", "retrieval_count")},
+        "before": summary_metrics(before["metrics"]),
+        "after": summary_metrics(after["metrics"]),
         "report": str(folder / "report.md"),
         "plots": [str(p) for p in sorted(folder.glob("*.png"))],
         "checkpoint": final["path"],
