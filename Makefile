@@ -29,8 +29,8 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: venv run demo-long ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
 
 help:
-	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baseline, SFT, GRPO, final eval (~15 min)"
-	@echo "make demo-long  make run with 10 RL steps and 40 test questions: does RL add to SFT? (<= 60 min)"
+	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baselines, SFT, DAPO, final eval (~25 min)"
+	@echo "make demo-long  make run with 6 RL steps and 40 test questions: does RL add to SFT? (~50 min)"
 	@echo "make ui       Prefect UI on http://127.0.0.1:4200 + worker + deployments; \`make run\` reports there"
 	@echo "make eval-retrieval  Recall/Full-Recall/mAP of dense, BM25 and hybrid on DATA=$(DATA)"
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
@@ -62,7 +62,8 @@ services:
 	@bash infra/local-services.sh
 
 # The whole pipeline on the embedded default (synthetic world, SmolLM2-135M, embedded Qdrant,
-# SQLite registry, local services), sized for ~15 minutes on 2 CPU cores; see README.
+# SQLite registry, local services): 25 minutes on 2 idle cores of an AMD EPYC without AMX
+# (2026-11-27: SFT 8.8 min, the two DAPO steps with their dev checks 10.9, four evaluations 3.5); see README.
 PIPELINE_ARGS ?= --small --steps 2 --segments 2 --sft-steps 24 --eval-limit 20 --dev-limit 4
 run: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(PIPELINE_ARGS)
@@ -70,12 +71,13 @@ run: venv
 pipeline: run
 
 # The bounded RL-over-SFT attempt (docs/training.md, "make demo-long"): make run's warm start and
-# episode shape, then 10 DAPO steps in two segments (stage 1, then when-to-search's stage 2), 40 test
-# and 8 dev questions, so what the RL steps add over the warm start has a CI narrower than make
-# run's. Sized for at most 60 minutes on 2 idle CPU cores. DEMO_LONG_FROM=<the SFT checkpoint folder
-# of a make run> starts the RL steps from that warm start instead of training it again: the report's
+# episode shape, then 6 DAPO steps in two segments (stage 1, then when-to-search's stage 2) and 40
+# test questions, so what the RL steps add over the warm start has a CI narrower than make run's.
+# A DAPO step of 8 episodes took 4 min on an idle 2-core AMD EPYC (2026-11-27), so 6 steps, the SFT
+# and the evaluations take about 50 minutes there. DEMO_LONG_FROM=<the SFT checkpoint folder of a
+# make run> starts the RL steps from that warm start instead of training it again: the report's
 # baseline row is then the warm start itself, and "final vs baseline" is what RL added to it.
-DEMO_LONG_ARGS ?= --small --steps 10 --segments 2 --eval-limit 40 --dev-limit 8
+DEMO_LONG_ARGS ?= --small --steps 6 --segments 2 --eval-limit 40 --dev-limit 4
 DEMO_LONG_FROM ?=
 demo-long: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(DEMO_LONG_ARGS) \
