@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+from hoprl.registry.models import RunStatus
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters
 from services.trainer.launch import worker_command
@@ -39,6 +40,7 @@ from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger("hoprl.trainer")
 MAX_RESTARTS = 3
+RUNNING: tuple[RunStatus, ...] = ("running",)
 
 
 def alive(pid: int) -> bool:
@@ -74,7 +76,7 @@ class JobQueue:
                 # with no pid file here is another run's, live or not, and stays as it is
                 if pid is not None and not alive(pid):
                     log.info("run %s was left running by a stopped service: cancelled", run.id)
-                    self.registry.transition_run(run.id, "cancelled", ("running",))
+                    self.registry.transition_run(run.id, "cancelled", RUNNING)
                 continue
             if pid is not None and alive(pid) and self.current is None:
                 log.info("adopting run %s (worker pid %d still alive)", run.id, pid)
