@@ -13,8 +13,8 @@ Local processes get the run's settings through their environment: the retriever 
 embedded Qdrant under the run folder (or uses ``QDRANT_URL`` when set), the policy searches that
 retriever, serves on its default engine (vLLM where it is installed, else transformers;
 ``POLICY_ENGINE`` in the environment chooses another) and accepts checkpoint switches with a
-token made for the run, the trainer writes its
-jobs under the run folder; every process inherits ``HOPRL_DATABASE_URL`` (PostgreSQL when set,
+token made for the run, the trainer writes its jobs under the run folder and cancels its running
+job when the run stops; every process inherits ``HOPRL_DATABASE_URL`` (PostgreSQL when set,
 else the SQLite file), ``QDRANT_URL`` and ``JUDGE_REDIS_URL``. Their logs are
 ``<run folder>/logs/<service>.log``.
 
