@@ -19,6 +19,7 @@ from hoprl.schemas import Question
 from services.local import LocalServer
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
+from tests.exit_guard import pytest_sessionfinish, pytest_unconfigure  # noqa: F401  (hooks)
 from tests.models import make_tiny_model
 from tests.postgres import admin_url_or_skip, fresh_database
 

@@ -230,8 +230,10 @@ class Batcher:
                     if self.retired and not (self.queue or self.prefilling or self.ready or self.active):
                         return
                     self.cond.wait(wait)
-                if self.closed:
-                    return
+                if self.closed:  # rows merged after close() took its list: their callers wait too
+                    held = [row.call for row in self.active]
+                    held += [row.call for staged in self.ready for row, _ in staged]
+                    break
                 joining, self.ready = self.ready, []
             try:
                 if joining:
@@ -244,6 +246,7 @@ class Batcher:
                 calls = list({id(r.call): r.call for r in self.active + joined}.values())
                 self.active, self.cache, self.mask = [], None, None
                 self._fail(calls, exc)
+        self._fail(held, RuntimeError("the engine was closed"))
 
     def _decode_wait(self) -> float | None:
         """How long the decode thread waits before its next step (lock held): 0 = step now, None =

@@ -67,12 +67,40 @@ def test_closing_fails_the_calls_it_holds(model_path: str) -> None:
         except RuntimeError as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)  # a caller left waiting must not hang the exit
     thread.start()
     assert started.wait(120)
     engine.close()
     thread.join(60)
     assert not thread.is_alive() and errors and "closed" in str(errors[0])
+
+
+def test_closing_while_rows_join_the_batch_fails_them(model_path: str) -> None:
+    """close() lands after the decode thread took the prefilled rows and before they are in the
+    batch: neither list close() reads holds them, so the decode thread fails them as it stops
+    (before, their caller waited for ever and the interpreter could not exit)."""
+    engine = TransformersEngine(model_path)
+    batcher = engine.batcher
+    merge = batcher._merge
+
+    def close_then_merge(staged: object) -> None:
+        batcher.close()  # from the decode thread: close() joins only the prefill thread
+        merge(staged)
+
+    batcher._merge = close_then_merge
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            engine.generate([COUNTING], SamplingParams(max_tokens=200, temperature=0))
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive() and errors and "closed" in str(errors[0])
+    engine.close()
 
 
 def test_prefix_cache_keeps_the_longest_rows_within_capacity() -> None:
