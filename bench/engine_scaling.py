@@ -10,7 +10,8 @@ itself (no HTTP, no agent loop), with the policy's settings (vLLM eager, float32
   context passages, the size of a retrieval-augmented prompt), one new token each: prompt tokens/s
   with the prompts sent one at a time and all at once;
 - decode: ``--batch`` short prompts, ``--new-tokens`` greedy tokens each (a counting prompt, so
-  every token is used): generated tokens/s one at a time and all at once.
+  every token is used): generated tokens/s one at a time and all at once; with ``--grammar``
+  under that recipe's grammar, as /v1/answer decodes.
 
 Batching pays where a phase is bound by reading the weights (decode: one token a row per pass) and
 not where it is bound by arithmetic (prefill: every prompt token is already a row of one matmul).
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hoprl.agent.grammar import grammar
 from hoprl.data.jsonl import load_questions
 from hoprl.generation.engines import SamplingParams
 from hoprl.generation.model import resolve_model
@@ -74,7 +76,8 @@ def measure(kind: str, model: str, args: argparse.Namespace) -> dict[str, float]
             args.data, args.batch, args.prompt_tokens, AutoTokenizer.from_pretrained(model)
         )
         one = SamplingParams(max_tokens=1, temperature=0)
-        decode = SamplingParams(max_tokens=args.new_tokens, temperature=0)
+        lark = grammar(args.grammar, max_tokens=args.new_tokens).lark if args.grammar else None
+        decode = SamplingParams(max_tokens=args.new_tokens, temperature=0, grammar=lark)
         engine.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm-up
         # distinct counting prompts, so no prefix cache turns a batch into one prompt
         counting = [f"{COUNTING} ({i})" for i in range(args.batch)]
@@ -109,6 +112,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens each decode prompt generates")
     parser.add_argument("--request-prompt-tokens", type=int, default=512, help="P of the bound's request")
     parser.add_argument("--request-new-tokens", type=int, default=32, help="D of the bound's request")
+    parser.add_argument("--grammar", default=None, help="decode under this recipe's grammar (naive-rag)")
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--out", default=".hoprl/bench/engine_scaling.json")
     args = parser.parse_args()
