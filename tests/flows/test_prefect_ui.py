@@ -118,6 +118,24 @@ def ui(folder: Path, env: dict[str, str]) -> Iterator[str]:
     assert "worker start" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
+class PrefectRetries(httpx.HTTPTransport):
+    """Retries what Prefect's own client retries (``prefect.client.base``: 408, 429, 502, 503, up
+    to 5 times with backoff): its server answers 503 when SQLite reports the database busy, which
+    WAL mode does at once, without waiting, when a read transaction tries to write after another
+    one committed (seen on CI: the Run button's request got a 503 while the worker was starting)."""
+
+    CODES = frozenset({408, 429, 502, 503})
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        for attempt in range(5):
+            response = super().handle_request(request)
+            if response.status_code not in self.CODES:
+                return response
+            response.close()
+            time.sleep(2**attempt)
+        return super().handle_request(request)
+
+
 def worker_online(api: str) -> bool:
     try:
         response = httpx.post(f"{api}/work_pools/hoprl/workers/filter", json={}, timeout=5)
@@ -146,6 +164,36 @@ def artifacts(api: httpx.Client, flow_run_id: str) -> list[dict[str, Any]]:
     return sorted(api.post("/artifacts/filter", json=body).json(), key=lambda a: a["key"] or "")
 
 
+def test_prefect_retries_replays_a_503_until_the_server_answers() -> None:
+    """A real HTTP server that answers 503 twice (as Prefect's does on a busy SQLite), then 201:
+    the client sees the 201, and the server saw the same POST body three times."""
+    import http.server
+    import threading
+
+    bodies: list[bytes] = []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(503 if len(bodies) < 3 else 201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with httpx.Client(base_url=url, timeout=10, transport=PrefectRetries()) as api:
+            assert api.post("/runs", json={"a": 1}).status_code == 201
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert bodies == [b'{"a":1}'] * 3
+
+
 def test_no_flows_module_shadows_a_top_level_module() -> None:
     """A worker loads ``flows/pipeline.py`` as a script with ``flows/`` first on ``sys.path``, so a
     module there named like a package, an installed distribution's module or a standard-library
@@ -172,7 +220,7 @@ def test_a_run_started_from_the_ui_completes_on_a_worker_with_its_artifacts(
     its report and plots are artifacts of the pipeline's own flow run."""
     parameters = {"model": tiny_model, "steps": 0, "sft_steps": 0, "segments": 1, "limit": 6,
                   "eval_limit": 2, "dev_limit": 1, "hyperparameters": HP, "run_id": "ui-run"}  # fmt: skip
-    with httpx.Client(base_url=ui, timeout=30) as api:
+    with httpx.Client(base_url=ui, timeout=30, transport=PrefectRetries()) as api:
         deployment = api.get("/deployments/name/pipeline/pipeline").json()
         assert deployment["work_pool_name"] == "hoprl"
         created = api.post(
@@ -238,7 +286,7 @@ def test_hoprl_pipeline_shows_each_stage_and_each_jobs_progress(
     assert re.search(rf"{rl} \[#{{10}}\] step 2/2 \(100%\), reward -?[\d.]+, .*succeeded", out)
     flow_run = re.search(rf"Prefect UI: {ui.removesuffix('/api')}/runs/flow-run/([0-9a-f-]+)", out)
     assert flow_run, out[-3000:]
-    with httpx.Client(base_url=ui, timeout=30) as api:
+    with httpx.Client(base_url=ui, timeout=30, transport=PrefectRetries()) as api:
         run = api.get(f"/flow_runs/{flow_run.group(1)}").json()
         assert run["state_type"] == "COMPLETED" and run["parameters"]["run_id"] == "cli-run"
         assert [a["key"] for a in artifacts(api, flow_run.group(1))] == [
