@@ -17,6 +17,10 @@ Measures, on the default model (SmolLM2-135M-Instruct, transformers engine, one 
   settings (vLLM: eager mode, a 1 GiB KV cache), the /v1/answer and streaming figures above for
   each, the peak resident memory of the policy (this process and its children, the vLLM engine
   core among them, sampled every 0.2 s while the engine serves) and the vLLM/transformers ratios.
+- with ``--layouts threads processes``, each engine also with the retriever and the policy in their
+  own processes (``uvicorn``, as ``make run`` serves them) and only the clients in this one: the
+  default ``threads`` layout runs both services in this process beside the clients, on one GIL.
+  What a layout changes in the 16-client scaling is the cost of sharing that process.
 The question sample is fixed (every k-th question of the file). The retriever's storage is kept in
 ``.hoprl/bench/qdrant`` so the corpus is indexed once. Timings on shared machines are noisy: run
 it on an idle machine and compare ratios within one run.
@@ -30,15 +34,18 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import openai
+import psutil
 import torch
 
+from flows.stack import APPS, local_process
 from hoprl.answer_eval import prepare_collection
 from hoprl.clients.http import api_key, client_options
 from hoprl.data.jsonl import load_questions
@@ -139,27 +146,51 @@ def answer_bench(args: argparse.Namespace, policy_url: str, questions: list[Ques
     }
 
 
-def policy_settings(args: argparse.Namespace, model: str, engine: str, **values: object) -> PolicySettings:
+LOGS = Path(".hoprl/bench/logs")  # the service processes' logs (--layouts processes)
+
+
+def policy_values(args: argparse.Namespace, model: str, engine: str, **values: object) -> dict[str, object]:
     """The policy as benchmarked: the same limits on either engine (vLLM eager, a 1 GiB KV cache)."""
     extra: dict[str, object] = {"kv_cache_gib": 1, "eager": True} if engine == "vllm" else {}
-    return PolicySettings.model_validate(
-        {"model": model, "engine": engine, "max_tokens_per_step": args.tokens, "request_timeout_s": 600,
-         **extra, **values}
-    )  # fmt: skip
+    return {"model": model, "engine": engine, "max_tokens_per_step": args.tokens, "request_timeout_s": 600,
+            **extra, **values}  # fmt: skip
+
+
+def policy_settings(args: argparse.Namespace, model: str, engine: str, **values: object) -> PolicySettings:
+    return PolicySettings.model_validate(policy_values(args, model, engine, **values))
+
+
+def policy_env(values: dict[str, object]) -> dict[str, str]:
+    """The same settings as the environment of a policy process (``POLICY_*``)."""
+    return {f"POLICY_{key.upper()}": str(value) for key, value in values.items()}
+
+
+def in_process() -> list[Any]:
+    """This process and all its children (vLLM's engine core and workers)."""
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def policy_processes() -> list[Any]:
+    """The policy's own process (``--layouts processes``) and all its children."""
+    tree = []
+    for child in psutil.Process().children():
+        with suppress(psutil.Error):
+            if APPS["policy"] in child.cmdline():
+                tree += [child, *child.children(recursive=True)]
+    return tree
 
 
 @contextmanager
-def peak_rss() -> Iterator[dict[str, float]]:
-    """``{"peak_rss_gib": ...}`` once the block ends: the most resident memory this process and all
-    its children (vLLM's engine core and workers) held together, sampled every 0.2 s."""
-    import psutil
-
-    me, out, done = psutil.Process(), {"peak_rss_gib": 0.0}, threading.Event()
+def peak_rss(processes: Callable[[], list[Any]] = in_process) -> Iterator[dict[str, float]]:
+    """``{"peak_rss_gib": ...}`` once the block ends: the most resident memory the ``processes``
+    held together, sampled every 0.2 s."""
+    out, done = {"peak_rss_gib": 0.0}, threading.Event()
 
     def sample() -> None:
         while not done.wait(0.2):
             total = 0
-            for p in [me, *me.children(recursive=True)]:
+            for p in processes():
                 with suppress(psutil.Error):
                     total += p.memory_info().rss
             out["peak_rss_gib"] = max(out["peak_rss_gib"], total / 2**30)
@@ -173,6 +204,28 @@ def peak_rss() -> Iterator[dict[str, float]]:
         thread.join()
 
 
+@contextmanager
+def retriever_at(layout: str, storage: Path) -> Iterator[str]:
+    """A retriever on ``storage``, in this process or in its own; yields its URL."""
+    if layout == "processes":
+        with local_process("retriever", {"RETRIEVER_STORAGE_PATH": str(storage)}, LOGS) as url:
+            yield url
+    else:
+        with LocalServer(create_retriever(RetrieverSettings(storage_path=storage))) as server:
+            yield server.url
+
+
+@contextmanager
+def policy_at(layout: str, values: dict[str, object]) -> Iterator[str]:
+    """A policy with ``values`` as its settings, in this process or in its own; yields its URL."""
+    if layout == "processes":
+        with local_process("policy", policy_env(values), LOGS) as url:
+            yield url
+    else:
+        with LocalServer(create_policy(PolicySettings.model_validate(values)), startup_timeout=900) as server:
+            yield server.url
+
+
 def engine_bench(
     args: argparse.Namespace,
     model: str,
@@ -180,16 +233,17 @@ def engine_bench(
     retriever_url: str,
     collection: str,
     questions: list[Question],
+    layout: str = "threads",
 ) -> dict[str, object]:
     """One engine behind the policy: /v1/answer (1 and ``--clients``), streaming TTFT, peak RSS."""
-    settings = policy_settings(args, model, engine, retriever_url=retriever_url,
-                               default_collection=collection, default_recipe="naive-rag")  # fmt: skip
-    with peak_rss() as rss:
+    values = policy_values(args, model, engine, retriever_url=retriever_url,
+                           default_collection=collection, default_recipe="naive-rag")  # fmt: skip
+    with peak_rss(policy_processes if layout == "processes" else in_process) as rss:
         start = time.perf_counter()
-        with LocalServer(create_policy(settings), startup_timeout=900) as policy:
+        with policy_at(layout, values) as policy_url:
             result: dict[str, object] = {"start_s": time.perf_counter() - start}
-            result |= answer_bench(args, policy.url, questions)
-            result |= ttft_on(args, policy.url, questions)
+            result |= answer_bench(args, policy_url, questions)
+            result |= ttft_on(args, policy_url, questions)
     return result | rss
 
 
@@ -287,6 +341,8 @@ def main() -> None:
     parser.add_argument("--ttft-only", action="store_true", help="only the streaming time to first token")
     parser.add_argument("--engines", nargs="+", default=["transformers"], choices=["transformers", "vllm"],
                         help="the engines benchmarked in turn, in one run")  # fmt: skip
+    parser.add_argument("--layouts", nargs="+", default=["threads"], choices=["threads", "processes"],
+                        help="the services in this process (threads) or each in its own")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         # 32 tokens: room for naive-rag's answer grammar, so /v1/answer runs as served by default
@@ -301,14 +357,17 @@ def main() -> None:
         result |= ttft_bench(args, model, questions)
     else:
         result |= engine_tokens_per_s(model, questions, args.tokens)
-        storage = RetrieverSettings(storage_path=Path(".hoprl/bench/qdrant"))
-        with LocalServer(create_retriever(storage)) as retriever:
-            start = time.perf_counter()
-            collection = prepare_collection(retriever.url, load_questions(args.data), name="bench-hotpotqa")
-            result["index_s"] = time.perf_counter() - start
-            engines = {
-                e: engine_bench(args, model, e, retriever.url, collection, questions) for e in args.engines
-            }
+        engines: dict[str, dict[str, object]] = {}
+        for layout in args.layouts:  # one retriever at a time: the embedded Qdrant folder is locked
+            with retriever_at(layout, Path(".hoprl/bench/qdrant")) as retriever_url:
+                start = time.perf_counter()
+                collection = prepare_collection(
+                    retriever_url, load_questions(args.data), name="bench-hotpotqa"
+                )
+                result.setdefault("index_s", time.perf_counter() - start)
+                for e in args.engines:
+                    name = e if layout == "threads" else f"{e}, processes"
+                    engines[name] = engine_bench(args, model, e, retriever_url, collection, questions, layout)
         result["engines"] = engines
         result["table"] = table(engines, args.clients)
     result["load_average_after"] = os.getloadavg()
