@@ -84,14 +84,18 @@ def engine_tokens_per_s(model: str, questions: list[Question], max_tokens: int) 
     }
 
 
+PHASES = ("retrieval_s", "generation_s", "total_s")  # the service's own timings of each answer
+
+
 async def answer_load(
-    url: str, questions: list[Question], concurrency: int
+    url: str, questions: list[Question], concurrency: int, phases: dict[str, list[float]] | None = None
 ) -> tuple[list[float], float, int]:
     """Latencies of the answered /v1/answer requests, the wall time and the number of errors
-    (any other status), ``concurrency`` clients at once."""
+    (any other status), ``concurrency`` clients at once; each answer's ``timings`` go to ``phases``."""
     semaphore = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     errors = 0
+    phases = {} if phases is None else phases
     async with httpx.AsyncClient(base_url=url, **client_options(600, {})) as http:  # sends $HOPRL_API_KEY
 
         async def one(q: Question) -> None:
@@ -103,6 +107,9 @@ async def answer_load(
                     errors += 1
                     return
                 latencies.append(time.perf_counter() - start)
+                timings = response.json()["timings"]
+                for phase in PHASES:
+                    phases.setdefault(phase, []).append(timings[phase])
 
         start = time.perf_counter()
         await asyncio.gather(*(one(q) for q in questions))
@@ -119,12 +126,14 @@ def answer_bench(args: argparse.Namespace, policy_url: str, questions: list[Ques
     """
     size = args.single + args.concurrent_requests
     runs = []
+    phases_1: dict[str, list[float]] = {}
+    phases_n: dict[str, list[float]] = {}
     asyncio.run(answer_load(policy_url, questions[-1:], 1))  # warm-up
     for r in range(args.repeats):
         single = questions[r * size : r * size + args.single]
         many = questions[r * size + args.single : (r + 1) * size]
-        one = asyncio.run(answer_load(policy_url, single, 1))
-        concurrent = asyncio.run(answer_load(policy_url, many, args.clients))
+        one = asyncio.run(answer_load(policy_url, single, 1, phases_1))
+        concurrent = asyncio.run(answer_load(policy_url, many, args.clients, phases_n))
         runs.append((one, concurrent))
     per_s_1 = [args.single / wall for (_, wall, _), _ in runs]
     per_s_n = [args.concurrent_requests / wall for _, (_, wall, _) in runs]
@@ -132,18 +141,32 @@ def answer_bench(args: argparse.Namespace, policy_url: str, questions: list[Ques
     lat_n = [t for _, (lat, _, _) in runs for t in lat]
     n = args.clients
     ratios = [b / a for a, b in zip(per_s_1, per_s_n, strict=True)]
-    return {
-        "answer_repeats": args.repeats,
-        "answer_requests_per_s_1_client": float(np.median(per_s_1)),
-        f"answer_requests_per_s_{n}_clients": float(np.median(per_s_n)),
-        f"answer_speedup_{n}_clients": float(np.median(ratios)),
-        f"answer_speedup_{n}_clients_each_repeat": [round(r, 3) for r in ratios],
-        "answer_p50_s": float(np.percentile(lat_1, 50)) if lat_1 else None,
-        "answer_p99_s": float(np.percentile(lat_1, 99)) if lat_1 else None,
-        f"answer_p50_s_{n}_clients": float(np.percentile(lat_n, 50)) if lat_n else None,
-        f"answer_p99_s_{n}_clients": float(np.percentile(lat_n, 99)) if lat_n else None,
-        "answer_errors": sum(one[2] + concurrent[2] for one, concurrent in runs),
-    }
+    return (
+        {
+            "answer_repeats": args.repeats,
+            "answer_requests_per_s_1_client": float(np.median(per_s_1)),
+            f"answer_requests_per_s_{n}_clients": float(np.median(per_s_n)),
+            f"answer_speedup_{n}_clients": float(np.median(ratios)),
+            f"answer_speedup_{n}_clients_each_repeat": [round(r, 3) for r in ratios],
+            "answer_p50_s": float(np.percentile(lat_1, 50)) if lat_1 else None,
+            "answer_p99_s": float(np.percentile(lat_1, 99)) if lat_1 else None,
+            f"answer_p50_s_{n}_clients": float(np.percentile(lat_n, 50)) if lat_n else None,
+            f"answer_p99_s_{n}_clients": float(np.percentile(lat_n, 99)) if lat_n else None,
+            "answer_errors": sum(one[2] + concurrent[2] for one, concurrent in runs),
+        }
+        | phase_medians(phases_1, "")
+        | phase_medians(phases_n, f"_{n}_clients")
+    )
+
+
+def phase_medians(phases: dict[str, list[float]], suffix: str) -> dict[str, float]:
+    """Median seconds of each phase the service timed (``answer_retrieval_p50_s...``), and of the
+    rest of its handler (``answer_service_other_p50_s``: total minus retrieval and generation)."""
+    out = {f"answer_{k.removesuffix('_s')}_p50_s{suffix}": float(np.median(v)) for k, v in phases.items()}
+    if phases:
+        rest = np.subtract(phases["total_s"], np.add(phases["retrieval_s"], phases["generation_s"]))
+        out[f"answer_service_other_p50_s{suffix}"] = float(np.median(rest))
+    return out
 
 
 LOGS = Path(".hoprl/bench/logs")  # the service processes' logs (--layouts processes)
@@ -305,12 +328,16 @@ def table(result: dict[str, dict[str, object]], clients: int) -> str:
             ("p50 / p99 latency (s), 1 client", ("answer_p50_s", "answer_p99_s")),
             (f"p50 / p99 latency (s), {clients} clients",
              (f"answer_p50_s_{clients}_clients", f"answer_p99_s_{clients}_clients")),
+            ("in the service: retrieval / generation p50 (s), 1 client",
+             ("answer_retrieval_p50_s", "answer_generation_p50_s")),
+            (f"in the service: retrieval / generation p50 (s), {clients} clients",
+             (f"answer_retrieval_p50_s_{clients}_clients", f"answer_generation_p50_s_{clients}_clients")),
             ("errors (non-200)", "answer_errors"), ("streamed TTFT p50 (s), 1 client", "stream_ttft_p50_s"),
             (f"streamed TTFT p50 / p99 (s), {clients} clients",
              (f"stream_ttft_p50_s_{clients}_clients", f"stream_ttft_p99_s_{clients}_clients")),
             ("peak RSS of the policy (GiB)", "peak_rss_gib")]  # fmt: skip
     engines = list(result)
-    head = "| | " + " | ".join(engines) + (" | vllm / transformers |" if len(engines) == 2 else " |")
+    head = "| | " + " | ".join(engines) + (f" | {engines[1]} / {engines[0]} |" if len(engines) == 2 else " |")
     lines = [head, "|---" * (len(engines) + 1 + (len(engines) == 2)) + "|"]
     for label, key in rows:
         keys = key if isinstance(key, tuple) else (key,)

@@ -13,11 +13,13 @@ import pytest
 
 from bench.policy import (
     peak_rss,
+    phase_medians,
     policy_at,
     policy_env,
     policy_processes,
     policy_values,
     retriever_at,
+    table,
 )
 from flows.stack import APPS
 from services.policy.settings import PolicySettings
@@ -70,3 +72,20 @@ def test_the_services_serve_in_either_layout(layout: str, tiny_model: str, tmp_p
             assert len(httpx.get(f"{url}/v1/models", timeout=30).json()["data"]) == 1
             assert len(policy_processes()) == (layout == "processes")
     assert policy_processes() == []
+
+
+def test_phase_medians_split_the_services_time() -> None:
+    phases = {"retrieval_s": [0.1, 0.3, 0.2], "generation_s": [1.0, 2.0, 4.0], "total_s": [1.2, 2.5, 4.3]}
+    out = phase_medians(phases, "_16_clients")
+    # rest of the handler: 1.2-1.1 = 0.1, 2.5-2.3 = 0.2, 4.3-4.2 = 0.1 -> median 0.1
+    expected = {"retrieval": 0.2, "generation": 2.0, "total": 2.5, "service_other": 0.1}
+    assert out == pytest.approx({f"answer_{k}_p50_s_16_clients": v for k, v in expected.items()})
+    assert phase_medians({}, "") == {}
+
+
+def test_the_table_names_its_two_columns_in_the_ratio() -> None:
+    a: dict[str, object] = {"answer_requests_per_s_1_client": 0.5, "answer_errors": 0}
+    b: dict[str, object] = {"answer_requests_per_s_1_client": 0.4, "answer_errors": 0}
+    lines = table({"vllm": a, "vllm, processes": b}, 16).splitlines()
+    assert lines[0] == "| | vllm | vllm, processes | vllm, processes / vllm |"
+    assert "| /v1/answer req/s, 1 client | 0.5 | 0.4 | 0.80 |" in lines
