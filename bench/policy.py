@@ -8,7 +8,8 @@ Measures, on the default model (SmolLM2-135M-Instruct, transformers engine, one 
 - ``POST /v1/answer`` (naive-rag under its answer grammar, the HotpotQA dev corpus indexed through
   a local retriever): requests/s with one client and with ``--clients`` concurrent clients (the
   engine batches their generations continuously), measured back to back ``--repeats`` times, their
-  ratio (median of the per-repeat ratios), latency p50 / p99 for both, and the errors (non-200s);
+  ratio (median of the per-repeat ratios), latency p50 / p99 for both, the errors (non-200s), and
+  the medians of the service's own timings of each answer (retrieval, generation, the rest);
 - time to first token (TTFT) of streamed chat completions through the official ``openai`` client
   (greedy, ``--tokens`` new tokens, the question as the user turn): median for one client, median
   and p99 with ``--clients`` concurrent streams, and the median time to the last chunk
