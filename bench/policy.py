@@ -372,6 +372,8 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", default=["threads"], choices=["threads", "processes"],
                         help="the services in this process (threads) or each in its own")  # fmt: skip
     args = parser.parse_args()
+    # vLLM logs to stdout by default, which would break the JSON this prints there
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if args.quick:
         # 32 tokens: room for naive-rag's answer grammar, so /v1/answer runs as served by default
         args.tokens, args.single, args.concurrent_requests = 32, 8, 16
