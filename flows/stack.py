@@ -29,7 +29,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from typing import Any
 import httpx
 
 from flows import fanout
+from hoprl.ports import free_port
 from hoprl.schemas.trainer import CPU_PRESET
 from hoprl.settings import get_settings
 
@@ -117,12 +117,6 @@ def die_with_parent() -> None:
     """
     if sys.platform == "linux":
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(name: str, url: str, proc: subprocess.Popen[bytes] | None, logfile: Path | None) -> None:

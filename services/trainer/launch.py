@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from pathlib import Path
 
 import torch
 
+from hoprl.ports import free_port
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.errors import ApiError
 from services.trainer.settings import TrainerSettings
@@ -33,14 +33,6 @@ MULTI_PROCESS_OBJECTIVES = ("grpo", "dapo", "dr_grpo", "sft")
 
 def needs_launcher(hp: Hyperparameters) -> bool:
     return hp.processes > 1 or hp.distributed not in (None, "ddp")
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (torchrun's rendezvous for this attempt)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def accelerate_config(hp: Hyperparameters, settings: TrainerSettings) -> Path | None:

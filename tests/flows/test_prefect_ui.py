@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,18 +33,13 @@ import pytest
 
 from cli.pipeline import prefect_api
 from flows.stack import ServiceUrls
+from hoprl.ports import free_port
 from hoprl.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 HP = {"questions_per_step": 2, "num_generations": 2, "max_turns": 2, "max_new_tokens_per_step": 8,
       "token_budget": 64}  # fmt: skip
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
 
 from cli import main as cli
+from hoprl.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -506,12 +507,6 @@ def test_postgres_init_creates_the_prefect_database() -> None:
 
 
 # ---- the containers' commands, started here ----------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def redis_answers() -> bool:

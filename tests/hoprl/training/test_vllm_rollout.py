@@ -31,10 +31,10 @@ from hoprl.agent.tokens import to_token_trajectory
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.engines import SamplingParams
+from hoprl.ports import free_port
 from hoprl.recipes import get_recipe
 from hoprl.schemas import Question
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
-from services.trainer.launch import free_port
 
 
 class GreedyGeneration:

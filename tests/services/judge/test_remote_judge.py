@@ -6,7 +6,6 @@ import importlib.resources
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.clients.judge import JudgeClient, RemoteJudge
 from hoprl.judging import RULES_VERSION, Judge, RulesJudge, Verdict
+from hoprl.ports import free_port
 from hoprl.recipes.evo_rag import score_episode
 from hoprl.schemas.judge import JudgeVerdict
 from services.judge.prompts import ANSWER_PROMPTS, ANSWERABLE_PROMPTS, load_prompt
@@ -109,13 +109,6 @@ def test_prompts_ship_as_package_data() -> None:
 
 
 # -- when the service is gone: the rules decide, and the verdict says so -----------------------
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, read, released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
