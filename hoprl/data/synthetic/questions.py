@@ -157,6 +157,10 @@ def _plan(
     return plan
 
 
+class WorldTooSmall(ValueError):
+    """The world holds too few distinct questions of a kind for the splits asked for."""
+
+
 def _draft(world: World, rng: random.Random, kind: str, answerable: bool, seen: set[str]) -> _Draft:
     for _ in range(2_000):
         if kind == "comparison":
@@ -172,7 +176,7 @@ def _draft(world: World, rng: random.Random, kind: str, answerable: bool, seen: 
         if draft is not None and not trivial and draft.question not in seen:
             seen.add(draft.question)
             return draft
-    raise ValueError(
+    raise WorldTooSmall(
         f"could not draw a new {kind} question; use more entities (n_entities) or fewer questions"
     )
 
@@ -190,8 +194,11 @@ def generate(
 
     ``max_hops`` keeps only chains of at most that many hops (2: two-hop bridges and comparisons,
     the shortest episodes, for quick runs on a CPU); ``None`` mixes two to four.
-    ``n_entities`` defaults to 300, or 600 with ``max_hops=2``: a world of 300 holds too few
-    distinct two-hop chains for the 900 questions.
+    ``n_entities`` defaults to the smallest world that holds the questions: 300 entities, or 600
+    with ``max_hops=2`` (a world of 300 holds too few distinct two-hop chains for the 900
+    questions), and where a seed's world holds too few (four of the seeds 0-7 with ``max_hops=2``
+    run out of distinct unanswerable chains, their withheld facts being too few), 1.5x and then
+    2x that. Seeds that fit the first size keep the world and questions they always had.
 
     Question ids are ``syn{seed}-{split}-{index}`` and unique across splits; the unanswerable
     share is exact (rounded) over all splits together and spread across them by the shuffle.
@@ -199,7 +206,13 @@ def generate(
     if not 0.0 <= unanswerable_share < 1.0:
         raise ValueError(f"unanswerable_share must be in [0, 1), got {unanswerable_share}")
     if n_entities is None:
-        n_entities = 600 if max_hops == 2 else 300
+        base = 600 if max_hops == 2 else 300
+        for size in (base, base * 3 // 2):
+            try:
+                return generate(seed, size, n_train, n_dev, n_test, unanswerable_share, max_hops)
+            except WorldTooSmall:
+                continue
+        n_entities = base * 2
     world = build_world(seed, n_entities)
     rng = random.Random(seed * 1_000_003 + 7)  # independent of the world's stream
     seen: set[str] = set()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from hoprl.data.synthetic import PARAGRAPHS_PER_QUESTION, SyntheticQuestion, build_world, generate, hops_for
+from hoprl.data.synthetic.questions import WorldTooSmall
 from hoprl.judging import RulesJudge
 from hoprl.metrics.answer import normalize_answer
 from hoprl.schemas import Paragraph, Question
@@ -155,3 +156,18 @@ def test_max_hops_keeps_only_short_chains_and_the_default_is_unchanged() -> None
     assert {q.type for qs in three.values() for q in qs} <= {"bridge-2", "bridge-3", "comparison"}
     # Leaving max_hops out draws exactly what it drew before the option existed.
     assert generate(seed=SEED, **SMALL) == generate(seed=SEED, max_hops=None, **SMALL)
+
+
+def test_every_seed_of_the_two_hop_world_draws_its_questions() -> None:
+    """``synthetic:SEED:2`` on any seed: with 600 entities seeds 2, 5, 6 and 7 ran out of distinct
+    unanswerable two-hop chains (``make run DATASET=synthetic:2:2`` stopped at prepare_data); the
+    default world grows to 900 for them, and the seeds that fit 600 keep their questions."""
+    for seed in range(8):
+        splits = generate(seed=seed, max_hops=2)
+        assert {k: len(v) for k, v in splits.items()} == {"train": 600, "dev": 150, "test": 150}
+        unanswerable = sum(not q.answers for qs in splits.values() for q in qs)
+        assert unanswerable == round(0.15 * 900), seed
+    with pytest.raises(WorldTooSmall, match="more entities"):
+        generate(seed=2, max_hops=2, n_entities=600)
+    assert generate(seed=0, max_hops=2) == generate(seed=0, max_hops=2, n_entities=600)
+    assert generate(seed=2, max_hops=2) == generate(seed=2, max_hops=2, n_entities=900)
