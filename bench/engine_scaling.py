@@ -13,6 +13,10 @@ itself (no HTTP, no agent loop), with the policy's settings (vLLM eager, float32
   every token is used): generated tokens/s one at a time and all at once; with ``--grammar``
   under that recipe's grammar, as /v1/answer decodes.
 
+- whole requests: the prefill prompts, each decoding up to ``--new-tokens`` tokens as the decode
+  phase does (under ``--grammar`` where given): requests/s one at a time and all at once, the
+  measured counterpart of ``bound``.
+
 Batching pays where a phase is bound by reading the weights (decode: one token a row per pass) and
 not where it is bound by arithmetic (prefill: every prompt token is already a row of one matmul).
 With the measured rates, a request of P prompt and D generated tokens takes ``P/prefill + D/decode``
@@ -53,6 +57,8 @@ def rate(engine: Any, prompts: list[str], params: SamplingParams, batched: bool,
         engine.generate([p], params)[0][0] for p in prompts
     ]  # fmt: skip
     elapsed = time.perf_counter() - start
+    if count == "requests":
+        return len(gens) / elapsed
     total = sum(g.prompt_tokens if count == "prompt" else len(g.token_ids) for g in gens)
     return total / elapsed
 
@@ -86,6 +92,8 @@ def measure(kind: str, model: str, args: argparse.Namespace) -> dict[str, float]
             "prefill_batch": rate(engine, prompts, one, True, "prompt"),
             "decode_1": rate(engine, counting, decode, False, "generated"),
             "decode_batch": rate(engine, counting, decode, True, "generated"),
+            "requests_1": rate(engine, prompts, decode, False, "requests"),
+            "requests_batch": rate(engine, prompts, decode, True, "requests"),
         }
     finally:
         engine.close()
@@ -119,14 +127,16 @@ def main() -> None:
     model = resolve_model(args.model, Path(".hoprl/models/smollm2-135m-instruct"))
     results = {kind: measure(kind, model, args) for kind in args.engines}
     b = args.batch
-    print(f"| engine | prefill tok/s 1 | x{b} | ratio | decode tok/s 1 | x{b} | ratio | bound x{b} |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| engine | prefill tok/s 1 | x{b} | ratio | decode tok/s 1 | x{b} | ratio | bound x{b} "
+          f"| requests/s 1 | x{b} | ratio |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind, r in results.items():
         print(
             f"| {kind} | {r['prefill_1']:.0f} | {r['prefill_batch']:.0f}"
             f" | {r['prefill_batch'] / r['prefill_1']:.2f}"
             f" | {r['decode_1']:.1f} | {r['decode_batch']:.1f} | {r['decode_batch'] / r['decode_1']:.2f}"
-            f" | {r['bound']:.2f} |"
+            f" | {r['bound']:.2f} | {r['requests_1']:.3f} | {r['requests_batch']:.3f}"
+            f" | {r['requests_batch'] / r['requests_1']:.2f} |"
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
