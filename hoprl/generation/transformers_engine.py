@@ -23,7 +23,8 @@ class TransformersEngine:
 
     Args:
         path: HF id or checkpoint folder.
-        threads: torch threads; 1 decodes fastest on a 2-core machine (2 threads measured 3-5x slower).
+        threads: torch threads (process-wide); 1 decodes fastest on a 2-core machine (2 threads
+            measured 3-5x slower). ``None``: leave the process's count (the trainer's engine).
         max_batch: rows (prompts x n) decoded together at most (one call with more runs alone).
         autocast: decode under bf16 autocast (weights stay in ``dtype``): about 1.1x faster on CPUs
             with AMX (``bench/precision.py``); the tokens can differ from fp32 decoding at near-ties.
@@ -36,12 +37,13 @@ class TransformersEngine:
     constrains = True  # SamplingParams.grammar is enforced (llguidance)
 
     def __init__(
-        self, path: str, dtype: str = "float32", threads: int = 1, max_batch: int = 16,
+        self, path: str, dtype: str = "float32", threads: int | None = 1, max_batch: int = 16,
         autocast: bool = False, prefill_threads: int = 2, prefix_cache: int = 32768,
     ) -> None:  # fmt: skip
         import torch
 
-        torch.set_num_threads(threads)
+        if threads is not None:  # process-wide: the policy service's process decodes and nothing else
+            torch.set_num_threads(threads)
         self.dtype, self.max_batch, self.autocast = dtype, max_batch, autocast
         self.prefill_threads, self.prefix_cache = prefill_threads, prefix_cache
         self.lock = threading.Lock()  # guards the swap of model, tokenizer and batcher

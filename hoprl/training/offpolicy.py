@@ -121,7 +121,7 @@ class OffPolicyTrainer:
         self.model, self.tokenizer, self.train_questions = model, tokenizer, train
         self.registry, self.run_id, self.output_dir = registry, run_id, output_dir
         self.rollout = AgentRollout(recipe, train, opts)
-        self.rollout.engine = TrainingEngine(model, tokenizer, threads=opts.torch_threads)
+        self.rollout.engine = TrainingEngine(model, tokenizer)
         self.curricula = Curricula(recipe, dev_return=lambda: self.rollout.evaluate(dev))
         self.stored = stored_episodes(registry, hp.episodes_from) if hp.episodes_from else None
         # the frozen starting weights: DPO's reference, and PPO's when it has a KL penalty

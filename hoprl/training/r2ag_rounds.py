@@ -142,7 +142,7 @@ class R2agRounds:
         self.registry, self.run_id, self.output_dir = registry, run_id, output_dir
         self.l_max: int = recipe.config.l_max
         self.curricula = Curricula(recipe)  # R2AG has no reward curriculum; its levels are the stages
-        self.engine = TrainingEngine(model, tokenizer, threads=opts.torch_threads)
+        self.engine = TrainingEngine(model, tokenizer)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=hp.learning_rate or 1e-5)
         self.epoch = self.level = self.cursor = 0
         self.forest: Forest = []  # RR-Forest^j

@@ -73,12 +73,17 @@ EpisodeSink = Callable[[int, list[Episode], list[dict[str, float]], list[float]]
 
 
 class TrainingEngine(TransformersEngine):
-    """The policy service's engine around an in-memory model: rollouts see the current weights."""
+    """The policy service's engine around an in-memory model: rollouts see the current weights.
 
-    def __init__(self, model: Any, tokenizer: Any, threads: int = 1, max_batch: int = 16) -> None:
+    It leaves the process's torch threads alone: they are the trainer's, and the loss needs all of
+    them (setting them to the decoding count here once ran every later loss on one thread, 2x slower
+    on 2 cores). Rollouts decode on the rollout's threads inside :func:`generation_mode`.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16) -> None:
         self._live = (model, tokenizer)
         super().__init__(  # decodes in the trainer's precision
-            "(training model)", threads=threads, max_batch=max_batch, autocast=bf16_mixed_precision()
+            "(training model)", threads=None, max_batch=max_batch, autocast=bf16_mixed_precision()
         )
 
     def load(self, path: str) -> None:
@@ -197,7 +202,7 @@ class AgentRollout:
             return self.engine
         model = trainer.accelerator.unwrap_model(trainer.model)
         if not isinstance(self.engine, TrainingEngine) or self.engine.model is not model:
-            self.engine = TrainingEngine(model, trainer.processing_class, threads=self.opts.torch_threads)
+            self.engine = TrainingEngine(model, trainer.processing_class)
         return self.engine
 
     @contextmanager

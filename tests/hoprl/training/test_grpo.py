@@ -95,6 +95,35 @@ def test_grpo_moves_weights(tiny_model: str, retriever_url: str, collection: str
     assert trainer.state.global_step == 2
 
 
+class ThreadProbe(HoprlGRPOTrainer):
+    """Notes the torch threads each loss runs on, and those each rollout decodes on."""
+
+    loss_threads: list[int]
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        self.loss_threads.append(torch.get_num_threads())
+        return super()._compute_loss(model, inputs)
+
+
+def test_the_loss_keeps_the_trainers_threads_after_a_rollout(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Rollouts decode on one thread; the loss after them runs on the trainer's threads (building the
+    rollout engine once set the whole process to one thread, and every loss after it ran on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path)
+        trainer.__class__ = ThreadProbe
+        trainer.loss_threads = []
+        trainer.train()
+        assert trainer.loss_threads == [2, 2]  # two steps, each after its rollout
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize(
     ("objective", "scale", "expected"),
     [
