@@ -17,11 +17,18 @@ itself (no HTTP, no agent loop), with the policy's settings (vLLM eager, float32
   phase does (under ``--grammar`` where given): requests/s one at a time and all at once, the
   measured counterpart of ``bound``.
 
+Every pass sends its prompts with a tag of its own at the front (:func:`fresh`): vLLM's prefix
+cache would otherwise serve a prompt's second pass from the first and count cache hits as prefill.
+``--max-num-batched-tokens 512 2048 8192`` measures vLLM once per value of that scheduler setting
+(the tokens one engine step takes: prompt chunks and decode rows together), ``--reserved-cores 1 0``
+once per count of cores vLLM keeps for its scheduler process (by default one: on 2 cores the model
+runs on the other alone).
+
 Batching pays where a phase is bound by reading the weights (decode: one token a row per pass) and
 not where it is bound by arithmetic (prefill: every prompt token is already a row of one matmul).
 With the measured rates, a request of P prompt and D generated tokens takes ``P/prefill + D/decode``
-alone; the line ``bound`` is the most a batch of ``--batch`` can gain on it (Amdahl's law over the
-two phases, the batch's prefill and decode rates).
+alone; ``bound``, at the P and D the timed requests had, is the most a batch of ``--batch`` can
+gain on it (Amdahl's law over the two phases, the batch's prefill and decode rates).
 """
 
 from __future__ import annotations
@@ -50,33 +57,55 @@ def long_prompts(path: str, n: int, tokens: int, tokenizer: Any) -> list[str]:
     return prompts
 
 
-def rate(engine: Any, prompts: list[str], params: SamplingParams, batched: bool, count: str) -> float:
-    """Tokens per second (``count``: "prompt" or "generated") over ``prompts``."""
+def fresh(prompts: list[str], tag: str) -> list[str]:
+    """``prompts``, each opened by a tag of its own: vLLM caches prompt prefixes, so a prompt sent a
+    second time (the batched pass after the one-at-a-time pass) would skip most of its prefill and
+    the batched rate would count cache hits as prefill."""
+    return [f"[{tag}{i}] {p}" for i, p in enumerate(prompts)]
+
+
+def timed(engine: Any, prompts: list[str], params: SamplingParams, batched: bool) -> tuple[list[Any], float]:
+    """The generations of ``prompts`` (all at once or one at a time) and the seconds they took."""
     start = time.perf_counter()
     gens = [g[0] for g in engine.generate(prompts, params)] if batched else [
         engine.generate([p], params)[0][0] for p in prompts
     ]  # fmt: skip
-    elapsed = time.perf_counter() - start
-    if count == "requests":
-        return len(gens) / elapsed
+    return gens, time.perf_counter() - start
+
+
+def rate(engine: Any, prompts: list[str], params: SamplingParams, batched: bool, count: str) -> float:
+    """Tokens per second (``count``: "prompt" or "generated") over ``prompts``."""
+    gens, elapsed = timed(engine, prompts, params, batched)
     total = sum(g.prompt_tokens if count == "prompt" else len(g.token_ids) for g in gens)
     return total / elapsed
 
 
-def build(kind: str, model: str) -> Any:
+def requests(engine: Any, prompts: list[str], params: SamplingParams, batched: bool) -> dict[str, float]:
+    """Whole requests: requests/s, and the mean prompt and generated tokens of one."""
+    gens, elapsed = timed(engine, prompts, params, batched)
+    return {
+        "rate": len(gens) / elapsed,
+        "prompt": sum(g.prompt_tokens for g in gens) / len(gens),
+        "new": sum(len(g.token_ids) for g in gens) / len(gens),
+    }
+
+
+def build(kind: str, model: str, vllm_settings: dict[str, int | None] | None = None) -> Any:
     if kind == "vllm":
         from hoprl.generation.vllm_engine import VllmEngine
 
-        return VllmEngine(model, dtype="float32", kv_cache_gib=1, eager=True)
+        return VllmEngine(model, dtype="float32", kv_cache_gib=1, eager=True, **(vllm_settings or {}))
     from hoprl.generation.transformers_engine import TransformersEngine
 
     return TransformersEngine(model)
 
 
-def measure(kind: str, model: str, args: argparse.Namespace) -> dict[str, float]:
+def measure(
+    kind: str, model: str, args: argparse.Namespace, vllm_settings: dict[str, int | None] | None = None
+) -> dict[str, float]:
     from transformers import AutoTokenizer
 
-    engine = build(kind, model)
+    engine = build(kind, model, vllm_settings)
     try:
         prompts = long_prompts(
             args.data, args.batch, args.prompt_tokens, AutoTokenizer.from_pretrained(model)
@@ -87,17 +116,22 @@ def measure(kind: str, model: str, args: argparse.Namespace) -> dict[str, float]
         engine.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm-up
         # distinct counting prompts, so no prefix cache turns a batch into one prompt
         counting = [f"{COUNTING} ({i})" for i in range(args.batch)]
+        alone = requests(engine, fresh(prompts, "r1-"), decode, False)
+        together = requests(engine, fresh(prompts, "rb-"), decode, True)
         row = {
-            "prefill_1": rate(engine, prompts, one, False, "prompt"),
-            "prefill_batch": rate(engine, prompts, one, True, "prompt"),
+            "prefill_1": rate(engine, fresh(prompts, "p1-"), one, False, "prompt"),
+            "prefill_batch": rate(engine, fresh(prompts, "pb-"), one, True, "prompt"),
             "decode_1": rate(engine, counting, decode, False, "generated"),
             "decode_batch": rate(engine, counting, decode, True, "generated"),
-            "requests_1": rate(engine, prompts, decode, False, "requests"),
-            "requests_batch": rate(engine, prompts, decode, True, "requests"),
+            "requests_1": alone["rate"],
+            "requests_batch": together["rate"],
+            "request_prompt_tokens": alone["prompt"],
+            "request_new_tokens": alone["new"],
         }
     finally:
         engine.close()
-    return {**row, "bound": bound(row, args.request_prompt_tokens, args.request_new_tokens)}
+    # the bound for the requests just timed: their own mean prompt and generated tokens
+    return {**row, "bound": bound(row, row["request_prompt_tokens"], row["request_new_tokens"])}
 
 
 def bound(rates: dict[str, float], prompt: int, new: int) -> float:
@@ -105,6 +139,11 @@ def bound(rates: dict[str, float], prompt: int, new: int) -> float:
     time rates over their time at the batched rates."""
     alone = prompt / rates["prefill_1"] + new / rates["decode_1"]
     return alone / (prompt / rates["prefill_batch"] + new / rates["decode_batch"])
+
+
+def vllm_grid(args: argparse.Namespace) -> list[tuple[int | None, int | None]]:
+    """Every pair of the vLLM settings asked for: (max_num_batched_tokens, reserved cores)."""
+    return [(t, r) for t in args.max_num_batched_tokens for r in args.reserved_cores]
 
 
 def main() -> None:
@@ -118,23 +157,46 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="prompts at once (bench/policy.py's clients)")
     parser.add_argument("--prompt-tokens", type=int, default=512, help="tokens of each prefill prompt")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens each decode prompt generates")
-    parser.add_argument("--request-prompt-tokens", type=int, default=512, help="P of the bound's request")
-    parser.add_argument("--request-new-tokens", type=int, default=32, help="D of the bound's request")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="vLLM: one row per value of the tokens one engine step schedules (default: vLLM's own)",
+    )
+    parser.add_argument(
+        "--reserved-cores",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="vLLM on a CPU: one row per count of cores kept off the model threads for the scheduler "
+        "(VLLM_CPU_NUM_OF_RESERVED_CPU; default: vLLM's own, 1)",
+    )
     parser.add_argument("--grammar", default=None, help="decode under this recipe's grammar (naive-rag)")
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--out", default=".hoprl/bench/engine_scaling.json")
     args = parser.parse_args()
     model = resolve_model(args.model, Path(".hoprl/models/smollm2-135m-instruct"))
-    results = {kind: measure(kind, model, args) for kind in args.engines}
+    results = {}
+    for kind in args.engines:
+        for tokens, reserved in vllm_grid(args) if kind == "vllm" else [(None, None)]:
+            label = " ".join(
+                [kind]
+                + ([f"max_num_batched_tokens={tokens}"] if tokens is not None else [])
+                + ([f"reserved cores={reserved}"] if reserved is not None else [])
+            )
+            settings = {"max_num_batched_tokens": tokens, "cpu_reserved_cores": reserved}
+            results[label] = measure(kind, model, args, settings)
     b = args.batch
-    print(f"| engine | prefill tok/s 1 | x{b} | ratio | decode tok/s 1 | x{b} | ratio | bound x{b} "
-          f"| requests/s 1 | x{b} | ratio |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| engine | prefill tok/s 1 | x{b} | ratio | decode tok/s 1 | x{b} | ratio | request P + D "
+          f"| bound x{b} | requests/s 1 | x{b} | ratio |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind, r in results.items():
         print(
             f"| {kind} | {r['prefill_1']:.0f} | {r['prefill_batch']:.0f}"
             f" | {r['prefill_batch'] / r['prefill_1']:.2f}"
             f" | {r['decode_1']:.1f} | {r['decode_batch']:.1f} | {r['decode_batch'] / r['decode_1']:.2f}"
+            f" | {r['request_prompt_tokens']:.0f} + {r['request_new_tokens']:.1f}"
             f" | {r['bound']:.2f} | {r['requests_1']:.3f} | {r['requests_batch']:.3f}"
             f" | {r['requests_batch'] / r['requests_1']:.2f} |"
         )

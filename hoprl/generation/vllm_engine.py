@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,48 @@ def shapes(path: str) -> dict[str, Any] | None:
     return {k: values.get(k) for k in SHAPES}
 
 
+@dataclass(frozen=True)
+class VllmSettings:
+    """The engine settings :class:`VllmEngine` builds vLLM with (its Args)."""
+
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.85
+    kv_cache_gib: int = 1
+    eager: bool | None = None
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    cpu_reserved_cores: int | None = None
+
+    def resolve(self, path: str, on_gpu: bool) -> tuple[dict[str, str], dict[str, Any]]:
+        """The environment vLLM's engine core reads (on a CPU) and the ``AsyncEngineArgs`` values.
+
+        On a machine of 2 cores or fewer, unless ``cpu_reserved_cores`` or the environment says
+        otherwise, no core is reserved: vLLM's default keeps one for its scheduler, so on 2 cores the
+        model ran on one; with none reserved, requests one at a time ran 1.65x faster and 16 at once
+        1.80x (``bench/engine_scaling.py --reserved-cores 1 0``, docs/answers.md).
+        """
+        env: dict[str, str] = {}
+        if not on_gpu:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+            reserved = self.cpu_reserved_cores
+            if reserved is None and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
+                reserved = 0 if len(os.sched_getaffinity(0)) <= 2 else None
+            if reserved is not None:
+                env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)
+        values: dict[str, Any] = {
+            "model": path, "dtype": self.dtype, "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enforce_eager": (not on_gpu) if self.eager is None else self.eager,
+            "max_num_seqs": self.max_num_seqs, "structured_outputs_config": {"backend": "guidance"},
+            "disable_log_stats": True, "seed": 0,
+        }  # fmt: skip
+        if self.max_model_len is not None:
+            values["max_model_len"] = self.max_model_len
+        if self.max_num_batched_tokens is not None:
+            values["max_num_batched_tokens"] = self.max_num_batched_tokens
+        return env, values
+
+
 class VllmEngine:
     """vLLM's ``AsyncLLM`` behind the :class:`~hoprl.generation.engines.Engine` interface (module docstring).
 
@@ -58,6 +101,12 @@ class VllmEngine:
         eager: no torch.compile / CUDA graphs: a start of ~20 s instead of ~70 s on a CPU, slower
             decoding on a GPU. ``None``: eager on a CPU, compiled on a GPU.
         max_num_seqs: sequences vLLM schedules together at most (more wait in its queue).
+        max_num_batched_tokens: tokens one engine step schedules at most (prompt chunks and decode
+            rows together; vLLM chunks longer prefills). ``None``: vLLM's default for the platform.
+        cpu_reserved_cores: on a CPU, cores vLLM keeps off its model threads for its scheduler
+            process (``VLLM_CPU_NUM_OF_RESERVED_CPU``). ``None``: the environment's, else 0 on a
+            machine of 2 cores or fewer and vLLM's default (1) on larger ones
+            (:meth:`VllmSettings.resolve`).
         max_model_len: the context served (``None``: the model's).
     """
 
@@ -66,11 +115,13 @@ class VllmEngine:
     def __init__(
         self, path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
         kv_cache_gib: int = 1, eager: bool | None = None, max_num_seqs: int = 64,
-        max_model_len: int | None = None,
+        max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
+        cpu_reserved_cores: int | None = None,
     ) -> None:  # fmt: skip
-        self.dtype, self.gpu_memory_utilization = dtype, gpu_memory_utilization
-        self.kv_cache_gib = kv_cache_gib
-        self.eager, self.max_num_seqs, self.max_model_len = eager, max_num_seqs, max_model_len
+        self.settings = VllmSettings(
+            dtype, gpu_memory_utilization, kv_cache_gib, eager, max_num_seqs, max_model_len,
+            max_num_batched_tokens, cpu_reserved_cores,
+        )  # fmt: skip
         self.llm: Any = None
         self.tokenizer: Any = None
         self.model_path = ""
@@ -134,19 +185,9 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        on_gpu = torch.cuda.is_available()
-        if not on_gpu:  # read by the engine core process vLLM spawns next
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
-        values: dict[str, Any] = {
-            "model": path, "dtype": self.dtype, "gpu_memory_utilization": self.gpu_memory_utilization,
-            "enforce_eager": (not on_gpu) if self.eager is None else self.eager,
-            "max_num_seqs": self.max_num_seqs, "structured_outputs_config": {"backend": "guidance"},
-            "disable_log_stats": True, "seed": 0,
-        }  # fmt: skip
-        if self.max_model_len is not None:
-            values["max_model_len"] = self.max_model_len
-        args = AsyncEngineArgs(**values)
-        return AsyncLLM.from_engine_args(args)
+        env, values = self.settings.resolve(path, torch.cuda.is_available())
+        os.environ.update(env)  # read by the engine core process vLLM spawns next
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**values))
 
     def close(self) -> None:
         if self._loop.is_closed():

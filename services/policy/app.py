@@ -39,7 +39,8 @@ def create_engine(settings: PolicySettings) -> Engine:
     if settings.engine == "vllm":
         return VllmEngine(
             path, settings.dtype, settings.gpu_memory_utilization, settings.kv_cache_gib, settings.eager,
-            settings.max_batch,
+            settings.max_batch, max_num_batched_tokens=settings.max_num_batched_tokens,
+            cpu_reserved_cores=settings.cpu_reserved_cores,
         )  # fmt: skip
     return TransformersEngine(
         path, settings.dtype, settings.torch_threads, settings.max_batch, settings.autocast,

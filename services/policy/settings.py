@@ -99,6 +99,19 @@ class PolicySettings(ServiceSettings):
     max_batch: int = Field(
         16, ge=1, description="sequences the engine decodes together at most (vLLM's max_num_seqs)"
     )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="engine=vllm: tokens one engine step schedules at most, prompt chunks and decode rows "
+        "together (vLLM's max_num_batched_tokens); unset = vLLM's default",
+    )
+    cpu_reserved_cores: int | None = Field(
+        None,
+        ge=0,
+        description="engine=vllm on a CPU: cores kept off the model's threads for vLLM's scheduler process "
+        "(VLLM_CPU_NUM_OF_RESERVED_CPU); unset = the environment's, else 0 on 2 cores or fewer (vLLM's 1 "
+        "left the model one core: 1.65x slower, docs/answers.md) and vLLM's default on more",
+    )
     prefill_threads: int = Field(
         2,
         ge=1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bench.engine_scaling import bound, long_prompts
+from bench.engine_scaling import bound, fresh, long_prompts
 from tests.conftest import shared_file
 
 
@@ -22,3 +22,15 @@ def test_long_prompts_are_cut_to_the_asked_size(tokenizer_path: str) -> None:
     prompts = long_prompts(str(shared_file("hotpotqa_dev.jsonl")), 3, 200, tokenizer)
     assert len(prompts) == 3 and prompts[0].startswith("Question: ")
     assert all(190 <= len(tokenizer(p)["input_ids"]) <= 205 for p in prompts)
+
+
+def test_each_pass_gets_prompts_no_earlier_pass_sent(tokenizer_path: str) -> None:
+    """vLLM's prefix cache hashes a prompt block by block (16 tokens) from its start: a pass whose
+    first block matches an earlier pass's would be served from the cache. Every prompt of every pass
+    differs from every other within that first block."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    prompts = long_prompts(str(shared_file("hotpotqa_dev.jsonl")), 2, 100, tokenizer)
+    one, batched = fresh(prompts, "p1-"), fresh(prompts, "pb-")
+    assert one == ["[p1-0] " + prompts[0], "[p1-1] " + prompts[1]]
+    first_blocks = {tuple(tokenizer(p)["input_ids"][:16]) for p in one + batched}
+    assert len(first_blocks) == 4
