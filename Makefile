@@ -29,8 +29,8 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: venv run demo-long ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
 
 help:
-	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baselines, SFT, DAPO, final eval (~26 min)"
-	@echo "make demo-long  make run with 6 RL steps and 40 test questions: does RL add to SFT? (~50 min)"
+	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baselines, SFT, DAPO, final eval (~15 min)"
+	@echo "make demo-long  make run with 6 RL steps and 40 test questions: does RL add to SFT? (~35 min)"
 	@echo "make ui       Prefect UI on http://127.0.0.1:4200 + worker + deployments; \`make run\` reports there"
 	@echo "make eval-retrieval  Recall/Full-Recall/mAP of dense, BM25 and hybrid on DATA=$(DATA)"
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
@@ -62,11 +62,13 @@ services:
 	@bash infra/local-services.sh
 
 # The whole pipeline on the embedded default (synthetic world, SmolLM2-135M, embedded Qdrant,
-# SQLite registry, local services): 26 minutes on 2 idle cores of an AMD EPYC without AMX
-# (2026-11-28: SFT 9.4 min, the two DAPO steps with their dev checks 10.4, four evaluations 5.3); see README.
-# 30 test questions (about 20 with an answer): at 20 (13 answerable) one answer moved EM by 0.077
-# and a +0.23 gain fell short of p < 0.05.
-PIPELINE_ARGS ?= --small --steps 2 --segments 2 --sft-steps 24 --eval-limit 30 --dev-limit 4
+# SQLite registry, local services): 14.5 minutes on 2 idle cores of an AMD EPYC without AMX
+# (2026-11-28: SFT 6.3 min, the DAPO step with its dev check 3.6, four evaluations 3.5); see README.
+# 16 SFT steps and one DAPO step: at 24 SFT steps and two DAPO steps the run took 23-26 minutes
+# and the two RL steps moved EM by -0.22 to +0.14 against the warm start, never at p < 0.05
+# (docs/status.md); make demo-long is the longer RL run. 30 test questions (about 20 with an
+# answer): at 20 (13 answerable) one answer moved EM by 0.077 and a +0.23 gain fell short of p < 0.05.
+PIPELINE_ARGS ?= --small --steps 1 --segments 1 --sft-steps 16 --eval-limit 30 --dev-limit 4
 run: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(PIPELINE_ARGS)
 
@@ -75,8 +77,8 @@ pipeline: run
 # The bounded RL-over-SFT attempt (docs/training.md, "make demo-long"): make run's warm start and
 # episode shape, then 6 DAPO steps in two segments (stage 1, then when-to-search's stage 2) and 40
 # test questions, so what the RL steps add over the warm start has a CI narrower than make run's.
-# A DAPO step of 8 episodes took 4 min on an idle 2-core AMD EPYC (2026-11-27), so 6 steps, the SFT
-# and the evaluations take about 50 minutes there. DEMO_LONG_FROM=<the SFT checkpoint folder of a
+# A DAPO step of 8 episodes took 2 min 53 s in make run on an idle 2-core AMD EPYC (2026-11-28),
+# so 6 steps, 24 SFT steps and the evaluations take about 35 minutes there (not timed as a whole). DEMO_LONG_FROM=<the SFT checkpoint folder of a
 # make run> starts the RL steps from that warm start instead of training it again: the report's
 # baseline row is then the warm start itself, and "final vs baseline" is what RL added to it.
 DEMO_LONG_ARGS ?= --small --steps 6 --segments 2 --eval-limit 40 --dev-limit 4
