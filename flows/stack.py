@@ -3,8 +3,8 @@
 With ``HOPRL_RETRIEVER_URL``, ``HOPRL_POLICY_URL``, ``HOPRL_JUDGE_URL`` and ``HOPRL_TRAINER_URL``
 set (docker compose sets them for the Prefect worker), :func:`services` uses those. Each one that
 is unset is started here as a process on a free 127.0.0.1 port, with the same app object
-``hoprl serve`` runs, waited for until its ``/readyz`` answers 200, and stopped (by its PID) when
-the ``with`` block ends::
+``hoprl serve`` runs; all of them start at once, each is waited for until its ``/readyz`` answers
+200, and stopped (by its PID) when the ``with`` block ends::
 
     with services(run_dir, model=None) as urls:
         RetrieverClient(urls.retriever).collections()
@@ -136,9 +136,23 @@ def wait_ready(name: str, url: str, proc: subprocess.Popen[bytes] | None, logfil
     )
 
 
+@dataclass
+class Spawned:
+    """A local service process, started and not yet known to be ready."""
+
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    logfile: Path
+
+    def wait_ready(self) -> None:
+        wait_ready(self.name, self.url, self.proc, self.logfile)
+
+
 @contextmanager
-def local_process(name: str, env: Mapping[str, str], logs: Path) -> Iterator[str]:
-    """Serve service ``name`` in a child process on a free loopback port; yields its URL."""
+def spawned(name: str, env: Mapping[str, str], logs: Path) -> Iterator[Spawned]:
+    """Start service ``name`` in a child process on a free loopback port, without waiting for it;
+    it is stopped when the ``with`` block ends."""
     port = free_port()
     logs.mkdir(parents=True, exist_ok=True)
     logfile = logs / f"{name}.log"
@@ -165,11 +179,18 @@ def local_process(name: str, env: Mapping[str, str], logs: Path) -> Iterator[str
     url = f"http://127.0.0.1:{port}"
     log.info("started %s (pid %d) at %s, log %s", name, proc.pid, url, logfile)
     try:
-        wait_ready(name, url, proc, logfile)
-        yield url
+        yield Spawned(name, url, proc, logfile)
     finally:
         stop(proc)
         log.info("stopped %s (pid %d)", name, proc.pid)
+
+
+@contextmanager
+def local_process(name: str, env: Mapping[str, str], logs: Path) -> Iterator[str]:
+    """Serve service ``name`` in a child process on a free loopback port; yields its URL once ready."""
+    with spawned(name, env, logs) as service:
+        service.wait_ready()
+        yield service.url
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -226,13 +247,19 @@ def services(
                "policy": config.policy_url, "trainer": config.trainer_url}  # fmt: skip
     urls: dict[str, str] = {}
     with ExitStack() as stack:
-        for name in APPS:  # retriever first: policy and trainer call it
+        started: list[Spawned] = []
+        for name in APPS:  # retriever first: policy and trainer are given its URL
             if url := running[name]:
                 urls[name] = url.rstrip("/")
                 wait_ready(name, urls[name], None, None)
                 continue
             env = service_env(name, run_dir, urls, token, model, shape)
-            urls[name] = stack.enter_context(local_process(name, env, run_dir / "logs"))
+            started.append(stack.enter_context(spawned(name, env, run_dir / "logs")))
+            urls[name] = started[-1].url
             if name == "policy":
                 _TOKENS[urls[name]] = token
+        # all started before any is waited for: they load side by side (the policy's engine takes
+        # ~25-50 s on a CPU; started one after another, the others' start-up added ~15 s to it)
+        for service in started:
+            service.wait_ready()
         yield ServiceUrls(**urls)
