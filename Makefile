@@ -62,13 +62,13 @@ services:
 	@bash infra/local-services.sh
 
 # The whole pipeline on the embedded default (synthetic world, SmolLM2-135M, embedded Qdrant,
-# SQLite registry, local services): 14.5 minutes on 2 idle cores of an AMD EPYC without AMX
-# (2026-11-28: SFT 6.3 min, the DAPO step with its dev check 3.6, four evaluations 3.5); see README.
-# 16 SFT steps and one DAPO step: at 24 SFT steps and two DAPO steps the run took 23-26 minutes
-# and the two RL steps moved EM by -0.22 to +0.14 against the warm start, never at p < 0.05
-# (docs/status.md); make demo-long is the longer RL run. 30 test questions (about 20 with an
-# answer): at 20 (13 answerable) one answer moved EM by 0.077 and a +0.23 gain fell short of p < 0.05.
-PIPELINE_ARGS ?= --small --steps 1 --segments 1 --sft-steps 16 --eval-limit 30 --dev-limit 4
+# SQLite registry, local services); docs/status.md has its measured times and scores by seed.
+# 24 SFT steps: at 16 (6 min instead of 9) one seed's warm start scored 0.04 EM against 0.57 at 24
+# (synthetic:2:2, 2026-11-28). One DAPO step: at two (with a dev check between) the two RL steps
+# moved EM by -0.22 to +0.14 against the warm start, never at p < 0.05; make demo-long is the longer
+# RL run. 30 test questions (about 20 with an answer): at 20 (13 answerable) one answer moved EM by
+# 0.077 and a +0.23 gain fell short of p < 0.05.
+PIPELINE_ARGS ?= --small --steps 1 --segments 1 --sft-steps 24 --eval-limit 30 --dev-limit 4
 run: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(PIPELINE_ARGS)
 
