@@ -258,7 +258,7 @@ def train(
                 run_id, end, job["path"], {"job_id": job["job_id"], "stage": stage_name(stage)}
             )
         row, previous = done, end
-        if end == steps and not check_last:
+        if end == steps > 0 and not check_last:  # steps = 0: the warm start is checked, as before
             get_run_logger().info("segment to step %d: %s (the last: no dev check)", end, Path(row.path).name)
             continue
         dev_return = dev_check(run_id, end, row.path, request, stage, dev, urls)
