@@ -8,7 +8,7 @@ SFT warm start is segment zero. Between two segments the flow
 2. copies the job's training curves (``reward``, ``reward_std``, ``loss``, ``rewards/*``, the
    shares of episodes cut ``ended/*``) and its judge counts (``judge/*``: who decided the reward's
    verdicts, the fallbacks) into the run's metrics as ``train/<name>`` at global steps;
-3. checks the policy on dev (after the last segment too, unless ``check_last=False``, as the
+3. checks the policy on dev (after the last RL segment too, unless ``check_last=False``, as the
    pipeline sets it: its final evaluation follows): serves the checkpoint
    (``POST /v1/admin/checkpoint``), rolls out the dev questions greedily in the trainer's episode
    shape (:func:`dev_options`, :func:`flows.rollouts.collect_rollouts`) and scores them
@@ -233,7 +233,8 @@ def train(
         dev: ``{"path": dev JSONL, "limit": questions per check}``.
         check_last: check the last segment's checkpoint on dev too. The pipeline passes False: it
             evaluates that checkpoint on the test set at once, and no curriculum decision is left
-            (the check took ~40 s of ``make run``'s 15 minutes).
+            (the check took ~40 s of ``make run``). With ``steps=0`` the warm start is checked
+            regardless.
 
     Returns the final checkpoint: ``{"checkpoint_id", "path", "step"}``.
     """
