@@ -13,6 +13,9 @@ time) and records an :class:`~hoprl.agent.trajectory.Episode`;
 Each example is pre-tokenized (``input_ids`` = prompt + completion, ``completion_mask`` = 0 on
 the prompt and on every injected or template token, 1 on assistant text), and TRL's SFTTrainer
 runs with ``completion_only_loss=True``: the loss covers the assistant turns only.
+
+On a CPU, :class:`CompletionHeadSFTTrainer` projects only the assistant positions through the
+LM head (TRL scores every position there); the loss and its gradients are TRL's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
@@ -123,7 +128,66 @@ def sft_config(hp: Hyperparameters, steps: int | None, output_dir: str, seed: in
     )
 
 
+# Config fields that change the logits after the head (read by TRL's fused head).
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                     "logits_scaling")  # fmt: skip
+
+
+class CompletionHeadSFTTrainer(SFTTrainer):
+    """TRL's SFTTrainer, with the LM head applied to the assistant positions only on a CPU.
+
+    TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) scores only the positions with a
+    label on Triton devices; elsewhere it scores every position, to keep tile shapes fixed for
+    compilers. An expert episode is ~80% prompt and injected documents, and SmolLM2's 49,152-word
+    head is a fifth of the model's arithmetic, so on a CPU most of that work is thrown away. No
+    library offers the compact head for CPUs, hence this override: the backbone runs as usual, the
+    head and cross-entropy run on the labelled positions, and the loss (summed NLL over
+    ``num_items_in_batch``) and the logged entropy and token accuracy are TRL's. Everything else
+    (GPUs, several processes, label smoothing, a custom loss, DFT) goes to TRL unchanged.
+    """
+
+    def _compact(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> bool:
+        config, device = model.config.get_text_config(), model.device.type
+        return (
+            not return_outputs
+            and model is self.model  # not wrapped for several processes, nor by PEFT
+            and device == "cpu"  # TRL scores only labelled positions on GPUs
+            and "attention_mask" in inputs  # padding-free batches go to TRL
+            and self.compute_loss_func is None
+            and self.label_smoother is None
+            and self.args.loss_type == "nll"  # type: ignore[attr-defined]
+            and not self.aux_loss_enabled
+            # a plain head: no softcap or logit scale (TRL's head applies those)
+            and all(getattr(config, a, None) is None for a in _LOGIT_TRANSFORMS)
+        )
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:  # fmt: skip
+        if not self._compact(model, inputs, return_outputs):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        mode = "train" if model.training else "eval"
+        backbone = {k: v for k, v in inputs.items() if k != "labels"}
+        hidden = model.base_model(**backbone, use_cache=False).last_hidden_state[:, :-1]
+        labels = inputs["labels"][:, 1:]
+        mask = labels != -100
+        targets = labels[mask]
+        logits = model.get_output_embeddings()(hidden[mask]).float()
+        count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+        loss = F.cross_entropy(logits, targets, reduction="sum") / torch.as_tensor(count).clamp(min=1)
+        with torch.no_grad():
+            logp = logits.log_softmax(-1)
+            entropy = -(logp.exp() * logp).sum(-1)
+            valid = max(int(mask.sum()), 1)
+            self._metrics[mode]["entropy"].append(entropy.sum().item() / valid if targets.numel() else 0.0)
+            correct = (logits.argmax(-1) == targets).sum().item()
+            self._metrics[mode]["mean_token_accuracy"].append(correct / valid if targets.numel() else 0.0)
+            if mode == "train":
+                self._total_train_tokens += int(inputs["attention_mask"].sum())
+            self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        return loss
+
+
 def build_sft(model: Any, tokenizer: Any, dataset: Dataset, config: SFTConfig,
               callbacks: list[Any] | None = None) -> SFTTrainer:  # fmt: skip
-    return SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                      callbacks=callbacks)  # fmt: skip
+    return CompletionHeadSFTTrainer(model=model, args=config, train_dataset=dataset,
+                                    processing_class=tokenizer, callbacks=callbacks)  # fmt: skip

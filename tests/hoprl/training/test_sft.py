@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTTrainer
 
 from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import keyword_query
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters
-from hoprl.training.sft import build_sft, expert_episodes, sft_config, sft_dataset
+from hoprl.training.sft import CompletionHeadSFTTrainer, build_sft, expert_episodes, sft_config, sft_dataset
 
 
 def test_expert_episodes_are_real_rollouts(retriever_url: str, collection: str,
@@ -71,3 +76,44 @@ def test_sft_takes_the_schedule(tmp_path: Path) -> None:
         hp = Hyperparameters(lr_scheduler=schedule)  # type: ignore[arg-type]
         assert sft_config(hp, steps=2, output_dir=str(tmp_path), seed=0).lr_scheduler_type == schedule
     assert Hyperparameters().lr_scheduler == "linear"  # transformers' default, as before
+
+
+def test_the_compact_head_gives_trls_loss_gradients_and_metrics(tiny_model: str, tmp_path: Path) -> None:
+    """On a CPU the head runs on the labelled positions only; the loss, every gradient and the
+    logged entropy and accuracy equal TRL's fused head (which scores every position there), and the
+    loss equals the summed NLL of the labelled tokens over the count, computed from the full logits."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    g = torch.Generator().manual_seed(3)
+    lengths, spans = (40, 29), ((10, 18, 30, 40), (5, 9, 20, 29))  # two assistant spans per row
+    ids = [torch.randint(100, 4000, (n,), generator=g).tolist() for n in lengths]
+    pairs = zip(lengths, spans, strict=True)
+    masks = [[int(a <= i < b or c <= i < d) for i in range(n)] for n, (a, b, c, d) in pairs]
+    data = Dataset.from_dict({"input_ids": ids, "completion_mask": masks})
+    hp = Hyperparameters(questions_per_step=2, save_steps=1000)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    trainer = build_sft(model, tokenizer, data, sft_config(hp, steps=1, output_dir=str(tmp_path), seed=0))
+    assert isinstance(trainer, CompletionHeadSFTTrainer)
+    batch = next(iter(trainer.get_train_dataloader()))
+    model.train()
+    assert trainer._compact(model, batch, return_outputs=False)
+    count = sum(sum(m) for m in masks)  # labels = 8 + 10 and 4 + 9 tokens
+    assert count == 31
+
+    def run(compute: object) -> tuple[torch.Tensor, list[torch.Tensor], list[float]]:
+        model.zero_grad()
+        loss = compute(trainer, model, dict(batch), num_items_in_batch=torch.tensor(count))  # type: ignore[operator]
+        loss.backward()
+        metrics = [trainer._metrics["train"][k][-1] for k in ("entropy", "mean_token_accuracy")]
+        return loss.detach(), [p.grad.clone() for p in model.parameters()], metrics
+
+    ours, trl = run(CompletionHeadSFTTrainer.compute_loss), run(SFTTrainer.compute_loss)
+    assert torch.allclose(ours[0], trl[0], rtol=1e-5, atol=0)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(ours[1], trl[1], strict=True))
+    assert ours[2] == pytest.approx(trl[2], rel=1e-5)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        labels = batch["labels"][:, 1:]
+        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100,
+                              reduction="sum")  # fmt: skip
+    assert int((labels != -100).sum()) == count
+    assert ours[0].item() == pytest.approx(nll.item() / count, rel=1e-5)
