@@ -76,6 +76,10 @@ CPU_PRESET: dict[str, Any] = {
     # the synthetic world) + 64 of chat-template glue = 288 + 790 + 64 = 1142 <= 1152
     "token_budget": 1152,
     "save_steps": 5,  # checkpoints of short segments
+    # TRL's trainers recompute each layer's activations in the backward pass (their default, for
+    # GPU memory); SmolLM2-135M's activations for a 2-episode step fit in a few hundred MB, and the
+    # recomputation is another forward pass a step on a CPU
+    "gradient_checkpointing": False,
 }
 
 #: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
@@ -177,6 +181,11 @@ class Hyperparameters(BaseModel):
         "else group",
     )
     dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="TRL trainers (SFT, GRPO / DAPO / Dr. GRPO): recompute activations in the backward pass, "
+        "saving memory for another forward pass a step; on by default (TRL's), off in the cpu preset",
+    )
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
     max_turns: int = Field(
         4,
@@ -302,7 +311,7 @@ class Hyperparameters(BaseModel):
         fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
         fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
               "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
-              "preference_model": False})  # fmt: skip
+              "preference_model": False, "gradient_checkpointing": True})  # fmt: skip
         return Hyperparameters.model_validate(values)
 
 

@@ -123,6 +123,7 @@ def sft_config(hp: Hyperparameters, steps: int | None, output_dir: str, seed: in
         # longest of its batch (6 steps of 4: 341 s grouped against 367 s random, same data).
         train_sampling_strategy="group_by_length",
         save_strategy="steps",
+        gradient_checkpointing=hp.gradient_checkpointing is not False,  # unresolved: TRL's default
         save_steps=hp.save_steps,
         **common_args(output_dir, seed, hp.report_to),
     )

@@ -63,12 +63,32 @@ def test_sft_lowers_loss(tiny_model: str, retriever_url: str, collection: str,
         [t for t, m in zip(row["input_ids"], row["completion_mask"], strict=True) if m]
     )
     assert "<information>" not in generated and "<search>" in generated
-    hp = Hyperparameters(questions_per_step=2, learning_rate=1e-2, save_steps=1000)
-    trainer = build_sft(AutoModelForCausalLM.from_pretrained(tiny_model), tokenizer, data,
-                        sft_config(hp, steps=6, output_dir=str(tmp_path), seed=0))  # fmt: skip
+    hp = Hyperparameters(
+        questions_per_step=2, learning_rate=1e-2, save_steps=1000, gradient_checkpointing=False
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    trainer = build_sft(model, tokenizer, data, sft_config(hp, steps=6, output_dir=str(tmp_path), seed=0))
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 6 and losses[-1] < 0.85 * losses[0]
+    assert not model.is_gradient_checkpointing  # trained as the cpu preset asks
+
+
+def test_the_cpu_preset_does_not_recompute_activations(tmp_path: Path) -> None:
+    """TRL's trainers checkpoint activations by default (a second forward in every backward); the
+    cpu preset turns that off for SFT and GRPO, the paper preset keeps TRL's default."""
+    from hoprl.training.grpo import grpo_config
+
+    for preset, expected in (("cpu", False), ("paper", True)):
+        for objective in ("sft", "dapo"):
+            hp = Hyperparameters(preset=preset).resolved("when-to-search", objective)
+            assert hp.gradient_checkpointing is expected
+        hp = Hyperparameters(preset=preset)
+        sft = sft_config(hp.resolved("when-to-search", "sft"), 2, str(tmp_path), 0)
+        rl = grpo_config(hp.resolved("when-to-search", "dapo"), "dapo", 2, str(tmp_path), 0)
+        assert sft.gradient_checkpointing is expected and rl.gradient_checkpointing is expected
+    asked = Hyperparameters(preset="cpu", gradient_checkpointing=True)
+    assert asked.resolved("when-to-search").gradient_checkpointing  # a request's value wins
 
 
 def test_sft_takes_the_schedule(tmp_path: Path) -> None:
