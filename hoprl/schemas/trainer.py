@@ -77,8 +77,9 @@ CPU_PRESET: dict[str, Any] = {
     "token_budget": 1152,
     "save_steps": 5,  # checkpoints of short segments
     # TRL's trainers recompute each layer's activations in the backward pass (their default, for
-    # GPU memory); SmolLM2-135M's activations for a 2-episode step fit in a few hundred MB, and the
-    # recomputation is another forward pass a step on a CPU
+    # memory). An SFT step of 2 expert episodes (~2,000 tokens) keeps them in a few GB and saves a
+    # forward pass (make run's SFT step: 17.5 -> 14 s); RL objectives keep it on (below): a DAPO
+    # step of 8 episodes without it reached 17.6 GB and the OOM killer ended it on a 24 GB machine
     "gradient_checkpointing": False,
 }
 
@@ -184,7 +185,7 @@ class Hyperparameters(BaseModel):
     gradient_checkpointing: bool | None = Field(
         None,
         description="TRL trainers (SFT, GRPO / DAPO / Dr. GRPO): recompute activations in the backward pass, "
-        "saving memory for another forward pass a step; on by default (TRL's), off in the cpu preset",
+        "saving memory for another forward pass a step; on by default (TRL's), off for SFT in the cpu preset",
     )
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
     max_turns: int = Field(
@@ -297,7 +298,7 @@ class Hyperparameters(BaseModel):
         values["recipe_config"] = {**paper.pop("recipe_config", {}), **scaled, **values["recipe_config"]}
         preset = CPU_PRESET if self.preset == "cpu" else {}
         if preset and objective != "sft":
-            preset = {**preset, "learning_rate": CPU_RL_LEARNING_RATE}
+            preset = {**preset, "learning_rate": CPU_RL_LEARNING_RATE, "gradient_checkpointing": True}
 
         def fill(layer: dict[str, Any]) -> None:
             for key, value in layer.items():
