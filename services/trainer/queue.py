@@ -55,6 +55,20 @@ def alive(pid: int) -> bool:
         return True
 
 
+def exit_reason(proc: subprocess.Popen[bytes] | int) -> str:
+    """How a worker ended, for the job's error: its exit code, or the signal that killed it (a
+    SIGKILL no one sent is usually the kernel's OOM killer)."""
+    code = None if isinstance(proc, int) else proc.returncode
+    if code is None:
+        return "exit status unknown (a worker adopted from an earlier service)"
+    if code >= 0:
+        return f"exit code {code}"
+    name = signal.Signals(-code).name
+    if -code == signal.SIGKILL:
+        return f"killed by {name}, as the kernel's OOM killer ends a process when memory runs out"
+    return f"killed by {name}"
+
+
 class JobQueue:
     """``queue.start()`` then ``queue.stop()``; :meth:`cancel` from the routes."""
 
@@ -129,12 +143,13 @@ class JobQueue:
         run = self.registry.get_run(run_id)
         if run is not None and run.status == "running":  # died without a word: resume it
             self.restarts[run_id] = self.restarts.get(run_id, 0) + 1
+            how = exit_reason(proc)
             if self.restarts[run_id] > MAX_RESTARTS:
                 self.registry.set_run_status(
-                    run_id, "failed", error="the worker died repeatedly; see worker.log"
+                    run_id, "failed", error=f"the worker died repeatedly (last: {how}); see worker.log"
                 )
             else:
-                log.warning("worker of run %s died; queued again to resume", run_id)
+                log.warning("worker of run %s died (%s); queued again to resume", run_id, how)
                 self.registry.set_run_status(run_id, "queued")
         return True
 
