@@ -76,11 +76,6 @@ CPU_PRESET: dict[str, Any] = {
     # the synthetic world) + 64 of chat-template glue = 288 + 790 + 64 = 1142 <= 1152
     "token_budget": 1152,
     "save_steps": 5,  # checkpoints of short segments
-    # TRL's trainers recompute each layer's activations in the backward pass (their default, for
-    # memory). An SFT step of 2 expert episodes (~2,000 tokens) keeps them in a few GB and saves a
-    # forward pass (make run's SFT step: 17.5 -> 14 s); RL objectives keep it on (below): a DAPO
-    # step of 8 episodes without it reached 17.6 GB and the OOM killer ended it on a 24 GB machine
-    "gradient_checkpointing": False,
 }
 
 #: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
@@ -182,11 +177,6 @@ class Hyperparameters(BaseModel):
         "else group",
     )
     dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
-    gradient_checkpointing: bool | None = Field(
-        None,
-        description="TRL trainers (SFT, GRPO / DAPO / Dr. GRPO): recompute activations in the backward pass, "
-        "saving memory for another forward pass a step; on by default (TRL's), off for SFT in the cpu preset",
-    )
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
     max_turns: int = Field(
         4,
@@ -298,7 +288,7 @@ class Hyperparameters(BaseModel):
         values["recipe_config"] = {**paper.pop("recipe_config", {}), **scaled, **values["recipe_config"]}
         preset = CPU_PRESET if self.preset == "cpu" else {}
         if preset and objective != "sft":
-            preset = {**preset, "learning_rate": CPU_RL_LEARNING_RATE, "gradient_checkpointing": True}
+            preset = {**preset, "learning_rate": CPU_RL_LEARNING_RATE}
 
         def fill(layer: dict[str, Any]) -> None:
             for key, value in layer.items():
@@ -312,7 +302,7 @@ class Hyperparameters(BaseModel):
         fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
         fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
               "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
-              "preference_model": False, "gradient_checkpointing": True})  # fmt: skip
+              "preference_model": False})  # fmt: skip
         return Hyperparameters.model_validate(values)
 
 

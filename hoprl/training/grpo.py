@@ -228,7 +228,6 @@ def grpo_config(
         temperature=hp.temperature,
         save_strategy="steps",
         save_steps=hp.save_steps,
-        gradient_checkpointing=hp.gradient_checkpointing is not False,  # unresolved: TRL's default
         remove_unused_columns=False,
         **vllm_args(hp),
         **common_args(output_dir, seed, hp.report_to),
