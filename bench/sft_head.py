@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
+from flows.pipeline import MODEL_CACHE
 from flows.stack import local_process
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
@@ -35,8 +36,6 @@ from hoprl.generation.model import resolve_model
 from hoprl.recipes import get_recipe
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.sft import CompletionHeadSFTTrainer, expert_episodes, sft_config, sft_dataset
-
-MODEL_CACHE = Path(".hoprl/models/smollm2-135m-instruct")  # the services' default
 
 
 def episodes_data(questions: int, dataset: str, tokenizer: Any, out: Path) -> Any:
@@ -71,7 +70,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model, MODEL_CACHE)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    hp = Hyperparameters()  # the CPU preset's batch: questions_per_step = 2
+    hp = Hyperparameters(preset="cpu").resolved("when-to-search", "sft")  # make run's: 2 episodes a step
     with tempfile.TemporaryDirectory() as tmp:
         data = episodes_data(args.steps * hp.questions_per_step, args.dataset, tokenizer, Path(tmp))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -182,10 +182,10 @@ class CompletionHeadSFTTrainer(SFTTrainer):
         with torch.no_grad():
             logp = logits.log_softmax(-1)
             entropy = -(logp.exp() * logp).sum(-1)
-            valid = max(int(mask.sum()), 1)
-            self._metrics[mode]["entropy"].append(entropy.sum().item() / valid if targets.numel() else 0.0)
+            valid = max(targets.numel(), 1)  # an all-masked batch logs 0, as TRL's does
+            self._metrics[mode]["entropy"].append(entropy.sum().item() / valid)
             correct = (logits.argmax(-1) == targets).sum().item()
-            self._metrics[mode]["mean_token_accuracy"].append(correct / valid if targets.numel() else 0.0)
+            self._metrics[mode]["mean_token_accuracy"].append(correct / valid)
             if mode == "train":
                 self._total_train_tokens += int(inputs["attention_mask"].sum())
             self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
