@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 from prefect import get_run_logger
 
 from hoprl.clients.trainer import TERMINAL, TrainerClient
@@ -81,6 +82,7 @@ def watch_job(
     every_s: float = 5.0,
     quiet_s: float = 60.0,
     timeout_s: float = 24 * 3600,
+    unreachable_s: float = 300.0,
 ) -> Job:
     """Wait until trainer job ``job_id`` ends (succeeded, failed or cancelled), logging its progress.
 
@@ -88,6 +90,9 @@ def watch_job(
         label: what the job is, for the log (``warm start``, ``segment to step 40``).
         every_s: at most one progress line this often (the last step is always logged).
         quiet_s: a line this long after the last one even without a new step.
+        unreachable_s: how long the trainer may go without answering (a restart, a machine short of
+            memory that answers after the client's timeout) before the wait gives up and raises
+            the transport error; each miss is logged as a warning.
 
     The speed (and so the ETA) is measured from the first step this wait saw completed, so model
     loading and the steps of an earlier attempt (a resumed job) do not count.
@@ -97,8 +102,19 @@ def watch_job(
     deadline = began + timeout_s
     first: tuple[float, int] | None = None  # (when, step) of the first step change seen
     seen, logged, logged_at = -1, -1, 0.0
+    silent_since: float | None = None  # when the trainer stopped answering, while it does not
     while True:
-        job, now = client.get(job_id), time.monotonic()
+        try:
+            job, now = client.get(job_id), time.monotonic()
+        except httpx.TransportError as exc:
+            now = time.monotonic()
+            silent_since = now if silent_since is None else silent_since
+            if now - silent_since > unreachable_s:
+                raise
+            log.warning("the trainer did not answer (%s); asking again", type(exc).__name__)
+            time.sleep(poll_s)
+            continue
+        silent_since = None
         if seen >= 0 and job.step != seen and first is None:
             first = (now, job.step)
         rate = (now - first[0]) / (job.step - first[1]) if first and job.step > first[1] else None

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.states import State
 
 from flows.progress import watch_job
 from flows.rollouts import collect_rollouts, score_rewards
@@ -95,13 +96,28 @@ class SegmentJobs:
         self.path.write_text(json.dumps({**jobs, str(step): job_id}, indent=1))
 
 
-@task(retries=2, retry_delay_seconds=10)
+class TrainerJobFailed(RuntimeError):
+    """A trainer job that ended failed or cancelled.
+
+    The trainer has already relaunched its worker as often as it will (``services/trainer/queue.py``),
+    so running the task again would repeat the failure (a worker the OOM killer ends, ended again);
+    running the pipeline again with the same run id resumes the job from its latest checkpoint.
+    """
+
+
+def unless_the_job_failed(task: object, task_run: object, state: State) -> bool:
+    """Prefect's ``retry_condition_fn``: retry a lost connection or a timeout, not a failed job."""
+    return not isinstance(state.data, TrainerJobFailed)
+
+
+@task(retries=2, retry_delay_seconds=10, retry_condition_fn=unless_the_job_failed)
 def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: str) -> dict[str, Any]:
     """Run one trainer job to completion (or resume the segment's earlier job); its final checkpoint.
 
     An earlier job for this segment that succeeded is reused, one still queued or running is
     waited for, and one that failed or was cancelled is resumed from its latest checkpoint. The
-    wait logs the job's progress (:func:`flows.progress.watch_job`).
+    wait logs the job's progress (:func:`flows.progress.watch_job`). A job that ends failed raises
+    :class:`TrainerJobFailed`, which the task does not retry; a lost connection is retried.
     """
     jobs, log = SegmentJobs(run_id), get_run_logger()
     with TrainerClient(trainer_url) as client:
@@ -118,7 +134,7 @@ def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: st
         label = "warm start" if request["objective"] == "sft" else f"segment to step {end_step}"
         job = watch_job(client, job_id, label)
     if job.status != "succeeded" or not job.checkpoints:
-        raise RuntimeError(f"trainer job {job_id} ended {job.status}: {job.error}; see its worker.log")
+        raise TrainerJobFailed(f"trainer job {job_id} ended {job.status}: {job.error}; see its worker.log")
     return {"job_id": job_id, "path": job.checkpoints[-1].path, "steps": job.step}
 
 

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -23,6 +24,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.testing.utilities import prefect_test_harness
@@ -31,11 +33,17 @@ from flows import fanout
 from flows.data import build_index, prepare_data
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
+from flows.progress import watch_job
 from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls
-from flows.training import boundaries, train
+from flows.training import TrainerJobFailed, boundaries, run_job, train
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
+from hoprl.ports import free_port
+from hoprl.schemas.trainer import Job
+from services.local import LocalServer
+from services.trainer.app import create_app as create_trainer
+from services.trainer.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 6  # questions per split (the scripted policy knows the first 6 of each, see conftest)
@@ -304,3 +312,62 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
     assert result["prefect_flow_run_id"] != again["prefect_flow_run_id"]
     keys = [f"{run_id}-accuracy", f"{run_id}-report", f"{run_id}-training"]
     assert artifact_keys(result["prefect_flow_run_id"]) == artifact_keys(again["prefect_flow_run_id"]) == keys
+
+
+def dying_trainer(folder: Path, tiny_model: str, worker: str) -> TrainerSettings:
+    """A real trainer service whose worker "python" is the shell script ``worker``."""
+    python = folder / "worker-python"
+    python.write_text(f"#!/bin/sh\n{worker}\n")
+    python.chmod(0o755)
+    return TrainerSettings(database_url=f"sqlite:///{folder / 'trainer.db'}", runs_dir=folder / "jobs",
+                           python=str(python), poll_interval_s=0.1,
+                           model_roots=[Path(tiny_model).parent])  # fmt: skip
+
+
+SFT_JOB = {"recipe": "when-to-search", "objective": "sft", "dataset": "synthetic", "seed": 0, "steps": 1}
+
+
+def test_a_failed_trainer_job_ends_the_segment_without_resubmitting_it(
+    env: Path, tiny_model: str, tmp_path: Path
+) -> None:
+    """A job whose worker the OOM killer ends each time fails once the trainer stops relaunching it;
+    the segment's task raises at once instead of submitting the same job twice more (its
+    retries are for lost connections)."""
+    settings = dying_trainer(tmp_path, tiny_model, "kill -9 $$")
+    started = time.monotonic()
+    with LocalServer(create_trainer(settings)) as trainer:
+        with pytest.raises(TrainerJobFailed, match="killed by SIGKILL"):
+            run_job("dies", 1, {**SFT_JOB, "model": tiny_model}, trainer.url)
+        with TrainerClient(trainer.url) as client:
+            jobs = client.list()
+    assert [j.status for j in jobs] == ["failed"]
+    assert time.monotonic() - started < 10  # the task's retries would wait 10 s each
+
+
+def test_the_wait_for_a_job_outlasts_a_trainer_restart(env: Path, tiny_model: str, tmp_path: Path) -> None:
+    """The trainer is down for 3 s while a job is waited for (connections refused), then serves
+    again and the job is cancelled: the wait reports the cancelled job instead of the
+    connection error."""
+    settings, port = dying_trainer(tmp_path, tiny_model, "exec sleep 600"), free_port()
+    with LocalServer(create_trainer(settings), port=port) as first, TrainerClient(first.url) as client:
+        job_id = client.submit({**SFT_JOB, "model": tiny_model}).id
+    seen = threading.Event()
+
+    def restart() -> None:
+        time.sleep(3)
+        with LocalServer(create_trainer(settings), port=port) as again, TrainerClient(again.url) as client:
+            client.cancel(job_id)
+            seen.wait(60)
+
+    @flow
+    def wait() -> Job:
+        with TrainerClient(f"http://127.0.0.1:{port}") as client:
+            return watch_job(client, job_id, "restart", poll_s=0.2)
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        assert wait().status == "cancelled"
+    finally:
+        seen.set()
+        thread.join()
