@@ -29,7 +29,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: venv run demo-long ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
 
 help:
-	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baselines, SFT, DAPO, final eval (~16 min)"
+	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baselines, SFT, DAPO, final eval (~13-15 min)"
 	@echo "make demo-long  make run with 6 RL steps and 40 test questions: does RL add to SFT? (~35 min)"
 	@echo "make ui       Prefect UI on http://127.0.0.1:4200 + worker + deployments; \`make run\` reports there"
 	@echo "make eval-retrieval  Recall/Full-Recall/mAP of dense, BM25 and hybrid on DATA=$(DATA)"
