@@ -61,10 +61,12 @@ def hotpot(indexed: str) -> tuple[str, list[Question]]:
 
 
 def test_every_recipe_answers_under_its_grammar(served: str, hotpot: tuple[str, list[Question]]) -> None:
-    """Real HotpotQA questions, all recipes at once (the engine batches them): each episode ends
+    """A real HotpotQA question, all recipes at once (the engine batches them): each episode ends
     with its recipe's own final action, never a format error, and every step parses. Two steps: a
     first that may search (or expand) and a last that must end, the grammar's two forms; a third
-    step would decode the first form again at ~60 s more in the suite."""
+    step would decode the first form again at ~60 s more in the suite. One question: the grammar
+    is the recipe's, not the question's, and a second question per recipe took the test from 43 s
+    to 140 s (measured alone; 194 s in the suite), decoding up to 256 tokens a step on CPU."""
     collection, questions = hotpot
     bodies: list[dict[str, Any]] = [
         {
@@ -75,7 +77,7 @@ def test_every_recipe_answers_under_its_grammar(served: str, hotpot: tuple[str, 
             "max_steps": 2,
         }
         for name in sorted(RECIPES)
-        for q in questions[:2]
+        for q in questions[:1]
     ]
     replies = asyncio.run(answer_all(served, bodies))
     for body, response in zip(bodies, replies, strict=True):
