@@ -50,10 +50,10 @@ from flows.stack import APPS, local_process
 from hoprl.answer_eval import prepare_collection
 from hoprl.clients.http import api_key, client_options
 from hoprl.data.jsonl import load_questions
+from hoprl.domain import Question
 from hoprl.generation.engines import SamplingParams
 from hoprl.generation.model import resolve_model
 from hoprl.generation.transformers_engine import TransformersEngine
-from hoprl.schemas import Question
 from services.local import LocalServer
 from services.policy.app import create_app as create_policy
 from services.policy.settings import PolicySettings
@@ -176,8 +176,8 @@ LOGS = Path(".hoprl/bench/logs")  # the service processes' logs (--layouts proce
 def policy_values(args: argparse.Namespace, model: str, engine: str, **values: object) -> dict[str, object]:
     """The policy as benchmarked: the same limits on either engine (vLLM eager, a 1 GiB KV cache)."""
     extra: dict[str, object] = {"kv_cache_gib": 1, "eager": True} if engine == "vllm" else {}
-    return {"model": model, "engine": engine, "max_tokens_per_step": args.tokens, "request_timeout_s": 600,
-            **extra, **values}  # fmt: skip
+    return {"model": model, "engine": engine, "max_new_tokens_per_step": args.tokens,
+            "request_timeout_s": 600, **extra, **values}  # fmt: skip
 
 
 def policy_settings(args: argparse.Namespace, model: str, engine: str, **values: object) -> PolicySettings:

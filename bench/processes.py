@@ -39,7 +39,7 @@ def job(dataset: Path, args: argparse.Namespace, processes: int) -> dict[str, An
         "recipe": "search-r1", "objective": "grpo", "dataset": str(dataset), "steps": args.steps,
         "seed": 0,
         "hyperparameters": {"questions_per_step": args.questions, "num_generations": args.generations,
-                            "max_turns": 2, "max_new_tokens_per_step": args.tokens,
+                            "max_steps": 2, "max_new_tokens_per_step": args.tokens,
                             "token_budget": 4 * args.tokens, "save_steps": args.steps,
                             "processes": processes},
     }  # fmt: skip

@@ -33,6 +33,7 @@ from hoprl.data.corpus import pool
 from hoprl.data.sources import load
 from hoprl.evaluation import corpus_collection, ensure_indexed
 from hoprl.generation.model import resolve_model
+from hoprl.jobspec import resolve
 from hoprl.recipes import get_recipe
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.sft import CompletionHeadSFTTrainer, expert_episodes, sft_config, sft_dataset
@@ -70,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model, MODEL_CACHE)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    hp = Hyperparameters(preset="cpu").resolved("when-to-search", "sft")  # make run's: 2 episodes a step
+    hp = resolve(Hyperparameters(preset="cpu"), "when-to-search", "sft")  # make run's: 2 episodes a step
     with tempfile.TemporaryDirectory() as tmp:
         data = episodes_data(args.steps * hp.questions_per_step, args.dataset, tokenizer, Path(tmp))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

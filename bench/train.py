@@ -51,10 +51,10 @@ from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
 from hoprl.data.corpus import pool
 from hoprl.data.sources import load
+from hoprl.domain import Question
 from hoprl.evaluation import corpus_collection, ensure_indexed
 from hoprl.metrics.stats import paired_bootstrap
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, Job, JobRequest, LrScheduler
 
 log = logging.getLogger("bench.train")
@@ -135,7 +135,7 @@ def step_time(args: argparse.Namespace, run: Campaign) -> dict[str, Any]:
     out = {}
     for label, turns in (("multi-turn retrieval", args.turns), ("single turn, no retrieval", 1)):
         hp = Hyperparameters(questions_per_step=args.questions, num_generations=args.generations,
-                             max_turns=turns, max_new_tokens_per_step=args.tokens, torch_threads=args.threads,
+                             max_steps=turns, max_new_tokens_per_step=args.tokens, torch_threads=args.threads,
                              token_budget=args.tokens * turns * 4, save_steps=1000)  # fmt: skip
         request = JobRequest(recipe=args.recipe, dataset=args.dataset, model=args.model, steps=args.steps,
                              hyperparameters=hp)  # fmt: skip
@@ -154,7 +154,7 @@ def when_to_search(args: argparse.Namespace, run: Campaign) -> dict[str, Any]:
     full_dev = load(args.dataset, "dev")
     dev = full_dev[: args.dev]
     collection = run.collection(load(args.dataset, "train") + full_dev, args.dataset.replace(":", "-"))
-    common = {"max_turns": args.turns, "max_new_tokens_per_step": args.tokens, "recipe_config": cfg,
+    common = {"max_steps": args.turns, "max_new_tokens_per_step": args.tokens, "recipe_config": cfg,
               "torch_threads": args.threads}  # fmt: skip
     if args.sft_job:  # a job of this --out's trainer, or a checkpoint folder
         sft_id = args.sft_job

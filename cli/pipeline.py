@@ -198,7 +198,7 @@ def config_options(args: argparse.Namespace) -> dict[str, Any]:
     """
     if not args.config:
         return {}
-    from hoprl.configs import load_config, set_fields
+    from hoprl.jobspec import load_config, set_fields
 
     fields = set_fields(load_config(args.config, small=args.small))
     options: dict[str, Any] = {

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from hoprl.domain import Question
 from hoprl.protocols import (
     METRIC_KEYS,
     EvalSet,
@@ -30,7 +31,6 @@ from hoprl.protocols import (
     served_backbone,
 )
 from hoprl.protocols import sample as paper_sample
-from hoprl.schemas import Question
 
 console = Console(stderr=True)
 JUDGE_BATCH = 64

@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def job_request(args: argparse.Namespace) -> JobRequest:
     """The config file's request with the command's explicit options over it (ConfigError if invalid)."""
-    from hoprl.configs import ConfigError, load_config, merge, set_fields, validate_request
+    from hoprl.configs import ConfigError, merge
+    from hoprl.jobspec import load_config, set_fields, validate_request
 
     fields = set_fields(load_config(args.config, small=args.small))
     overrides: dict[str, Any] = {

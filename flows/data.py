@@ -28,8 +28,9 @@ from hoprl.data.corpus import chunk, pool
 from hoprl.data.jsonl import load_questions, write_questions
 from hoprl.data.mixtures import paper_spec, paper_training_set
 from hoprl.data.sources import load
+from hoprl.domain import Question
 from hoprl.evaluation import corpus_collection
-from hoprl.schemas import Document, Question
+from hoprl.schemas import Document
 
 SPLITS = ("train", "dev", "test")
 INGEST_BATCH = 256

@@ -33,16 +33,15 @@ from prefect import flow, get_run_logger, task
 from flows.report import publish_report
 from flows.runs import registry, run_dir
 from hoprl.agent.grammar import Turn, grammar
-from hoprl.agent.trajectory import cut_shares
 from hoprl.answer_eval import AnswerSettings, evaluate_answers, prepare_collection
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions, write_questions
+from hoprl.domain import Question, cut_shares
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.protocols import get_protocol, local_file, sample
 from hoprl.registry import Prediction
-from hoprl.schemas import Question
 from hoprl.schemas.judge import AnswerItem
 
 KS = (2, 5, 10)

@@ -58,15 +58,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hoprl.agent.runner import run_episode
-from hoprl.agent.trajectory import Episode
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
+from hoprl.domain import Episode, EpisodeShape, Question
 from hoprl.recipes import get_recipe
 from hoprl.registry import total_reward
 from hoprl.registry.shared import from_environment
-from hoprl.schemas import Document, Question
+from hoprl.schemas import Document
 from hoprl.schemas.judge import AnswerableItem, AnswerItem
 from hoprl.settings import get_settings
 
@@ -193,9 +193,10 @@ def rollout_episode(
     Args:
         question: a :class:`hoprl.schemas.Question` as JSON (``q.model_dump()``).
         policy_url: the policy service's root (``http://policy:8002``); ``/v1`` is its OpenAI API.
-        options: :class:`hoprl.agent.runner.RunOptions` fields, plus ``model`` (default: the one
-            the service serves), ``recipe_config`` (keyword arguments of ``get_recipe``, e.g. the
-            curriculum stage) and ``request_timeout_s`` (per model call, default 300).
+        options: :class:`hoprl.agent.runner.RunOptions` fields (``shape`` as JSON), plus ``model``
+            (default: the one the service serves), ``recipe_config`` (keyword arguments of
+            ``get_recipe``, e.g. the curriculum stage) and ``request_timeout_s`` (per model call,
+            default 300).
 
     Returns a summary (ids, outcome, reward, retrieval count, ``written``: whether this delivery
     stored the episode); the trajectory itself is in the registry.
@@ -205,6 +206,7 @@ def rollout_episode(
     agent = get_recipe(recipe, **opts.pop("recipe_config", {}))
     llm = LLMClient(f"{policy_url.rstrip('/')}/v1", model=model, timeout=opts.pop("request_timeout_s", 300))
     q = Question.model_validate(question)
+    opts["shape"] = EpisodeShape.model_validate(opts["shape"])
     episode = asyncio.run(_run(agent, q, sample, collection, llm, retriever_url, opts))
     rewards = score(agent, episode, q)
     written = registry().write_episodes(run_id, step, [episode], [rewards])

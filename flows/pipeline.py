@@ -35,16 +35,12 @@ from flows.report import publish_report
 from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
+from hoprl.configs import recipe_objective
+from hoprl.domain import EpisodeShape
 from hoprl.generation.model import resolve_model
+from hoprl.jobspec import job_episode_shape, preset_recipe_config
 from hoprl.recipes import get_recipe
-from hoprl.schemas.trainer import (
-    EVAL_TEMPERATURE,
-    JobRequest,
-    Preset,
-    job_episode_shape,
-    preset_recipe_config,
-    recipe_objective,
-)
+from hoprl.schemas.trainer import Preset
 
 MODEL_CACHE = Path(
     ".hoprl/models/smollm2-135m-instruct"
@@ -81,22 +77,16 @@ def job_hyperparameters(
     return {"preset": preset, **(hyperparameters or {}), "recipe_config": config}
 
 
-def run_shape(p: dict[str, Any]) -> dict[str, Any]:
+def run_shape(p: dict[str, Any]) -> EpisodeShape:
     """The episode shape of a pipeline's run (``p``: the flow's parameters), stored in its registry
-    config as ``episode``: the limits its trainer jobs resolve (:func:`hoprl.schemas.trainer.
-    job_episode_shape`, read alike by the rollouts, the dev checks and the local policy's
-    /v1/answer), the recipe's documents per search and stop texts, and how each phase decodes."""
+    config as ``episode``: the shape its trainer jobs resolve (:func:`hoprl.jobspec.job_episode_shape`,
+    read alike by the rollouts, the dev checks and the local policy's /v1/answer) with the recipe's
+    documents per search and stop texts written out. Training samples at its temperature; dev
+    checks and evaluations decode it greedily (:meth:`EpisodeShape.greedy`)."""
     hp = job_hyperparameters(p["recipe"], p["steps"], p["hyperparameters"], p["recipe_config"], p["preset"])
     request = {"recipe": p["recipe"], "objective": p["objective"], "hyperparameters": hp}
     agent = get_recipe(p["recipe"], **hp["recipe_config"])
-    resolved = JobRequest.model_validate(request).hyperparameters.resolved(p["recipe"], p["objective"])
-    return {
-        **job_episode_shape(request),
-        "documents_per_search": agent.top_k,
-        "stop": list(agent.stop),
-        "temperature": {"train": resolved.temperature, "dev": EVAL_TEMPERATURE, "eval": EVAL_TEMPERATURE},
-        "constrained": False,
-    }
+    return job_episode_shape(request).model_copy(update={"top_k": agent.top_k, "stop": tuple(agent.stop)})
 
 
 def job_request(
@@ -289,7 +279,8 @@ def pipeline(
         "protocol": protocol,
         "data_dir": data_dir,
     }
-    shape = params["episode"] = run_shape(params)
+    shape = run_shape(params)
+    params["episode"] = shape.model_dump(mode="json")
     reg, log = registry(), get_run_logger()
     reg.create_run(run_id, recipe, objective, model or "default", params, seed)
     link_flow_run(run_id)

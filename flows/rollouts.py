@@ -14,7 +14,7 @@ format error or the step cap (``ended/*``). The pipeline uses the pair on the de
 training segments::
 
     collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever,
-                     options={**job_episode_shape(request), "temperature": 0.0})
+                     shape=job_episode_shape(request).greedy())
     score_rewards(run_id, 40, urls.judge, prefix="dev")   # {"dev/return": ..., "dev/em": ...}
 """
 
@@ -27,12 +27,9 @@ from prefect import flow, get_run_logger, task
 
 from flows.fanout import fan_out, judge_item, rollout_episode
 from flows.runs import registry
-from hoprl.agent.trajectory import Episode, cut_shares
 from hoprl.data.jsonl import load_questions
+from hoprl.domain import Episode, EpisodeShape, cut_shares
 from hoprl.metrics.answer import exact_match
-
-#: the limits every collection names: a run's episode shape (hoprl.schemas.trainer.episode_shape)
-SHAPE_KEYS = ("max_steps", "max_new_tokens_per_step", "token_budget")
 
 
 @task
@@ -75,21 +72,20 @@ def collect_rollouts(
     limit: int | None = None,
     samples: int = 1,
     options: dict[str, Any] | None = None,
+    shape: EpisodeShape | None = None,
 ) -> dict[str, Any]:
     """Roll the served policy out on ``questions_path[:limit]``, ``samples`` episodes per question.
 
     Args:
-        options: :class:`hoprl.agent.runner.RunOptions` fields plus ``model`` (the served model
-            id) and ``recipe_config`` (e.g. the curriculum stage). The episode's limits
-            (:data:`SHAPE_KEYS`) are required: they are the run's episode shape, never a default
-            of this flow's own (the dev checks pass the trainer's, :func:`flows.training.dev_check`).
+        shape: the run's episode shape, required: never a default of this flow's own (the dev
+            checks pass the trainer's, greedy: :func:`flows.training.dev_check`).
+        options: the other :class:`hoprl.agent.runner.RunOptions` fields (``seed``, ``top_p``) plus
+            ``model`` (the served model id) and ``recipe_config`` (e.g. the curriculum stage).
 
     Returns ``{"sent", "written", "skipped"}``: units sent, episodes newly stored, already stored.
     """
-    missing = [k for k in SHAPE_KEYS if k not in (options or {})]
-    if missing:
-        raise ValueError(f"collect_rollouts needs the run's episode shape in options; missing {missing} "
-                         "(hoprl.schemas.trainer.episode_shape)")  # fmt: skip
+    if shape is None:
+        raise ValueError("collect_rollouts needs the run's episode shape (hoprl.jobspec.episode_shape)")
     counts = send_rollouts(
         run_id,
         step,
@@ -100,7 +96,7 @@ def collect_rollouts(
         retriever_url,
         limit,
         samples,
-        dict(options or {}),
+        {**(options or {}), "shape": EpisodeShape.model_validate(shape).model_dump(mode="json")},
     )
     get_run_logger().info("run %s step %d: %s", run_id, step, counts)
     return counts

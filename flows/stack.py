@@ -36,13 +36,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from flows import fanout
+from hoprl.domain import SHAPE_DEFAULTS, EpisodeShape
 from hoprl.ports import free_port
-from hoprl.schemas.trainer import CPU_PRESET
 from hoprl.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -54,25 +53,20 @@ APPS = {
     "policy": "services.policy.app:app",
     "trainer": "services.trainer.app:app",
 }
-#: the episode shape of a local policy started without one (bench/train.py): the cpu preset's
-CPU_SHAPE = {
-    "max_steps": CPU_PRESET["max_turns"],
-    "max_new_tokens_per_step": CPU_PRESET["max_new_tokens_per_step"],
-    "token_budget": CPU_PRESET["token_budget"],
-}
 
 
-def policy_limits(shape: Mapping[str, Any]) -> dict[str, str]:
+def policy_limits(shape: EpisodeShape) -> dict[str, str]:
     """/v1/answer's limits of the policy a local run starts: the run's episode shape
-    (:func:`hoprl.schemas.trainer.episode_shape`, the trainer's rollouts and the dev checks read
-    it too), served free of the action grammar like the rollouts and dev checks
-    (:data:`hoprl.schemas.trainer.EVAL_TEMPERATURE` says why). A deployment
-    (HOPRL_POLICY_URL) sets its own POLICY_* limits."""
+    (:func:`hoprl.jobspec.episode_shape`, the trainer's rollouts and the dev checks read it too),
+    served free of the action grammar like the rollouts and dev checks (the shape's ``grammar``
+    is off, :func:`hoprl.jobspec.episode_shape` says why). A deployment (HOPRL_POLICY_URL) sets its
+    own POLICY_* limits."""
     return {
-        "POLICY_MAX_STEPS": str(shape["max_steps"]),
-        "POLICY_MAX_TOKENS_PER_STEP": str(shape["max_new_tokens_per_step"]),
-        "POLICY_TOKEN_BUDGET": str(shape["token_budget"]),
-        "POLICY_CONSTRAINED_DECODING": "false",
+        "POLICY_MAX_STEPS": str(shape.max_steps),
+        "POLICY_DEFAULT_MAX_STEPS": str(shape.max_steps),
+        "POLICY_MAX_NEW_TOKENS_PER_STEP": str(shape.max_new_tokens_per_step),
+        "POLICY_TOKEN_BUDGET": str(shape.token_budget),
+        "POLICY_CONSTRAINED_DECODING": str(shape.grammar).lower(),
         "POLICY_REQUEST_TIMEOUT_S": "600",
     }
 
@@ -211,7 +205,7 @@ def service_env(
     urls: Mapping[str, str],
     token: str,
     model: str | None,
-    shape: Mapping[str, Any] = CPU_SHAPE,
+    shape: EpisodeShape = SHAPE_DEFAULTS["cpu"],
 ) -> dict[str, str]:
     """The environment of one local service process: where it stores things, whom it calls."""
     if name == "retriever":
@@ -230,7 +224,7 @@ def service_env(
 
 @contextmanager
 def services(
-    run_dir: Path, model: str | None = None, shape: Mapping[str, Any] = CPU_SHAPE
+    run_dir: Path, model: str | None = None, shape: EpisodeShape = SHAPE_DEFAULTS["cpu"]
 ) -> Iterator[ServiceUrls]:
     """The configured services, with the missing ones started locally for the ``with`` block.
 

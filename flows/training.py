@@ -11,7 +11,7 @@ SFT warm start is segment zero. Between two segments the flow
 3. checks the policy on dev (after the last RL segment too, unless ``check_last=False``, as the
    pipeline sets it: its final evaluation follows): serves the checkpoint
    (``POST /v1/admin/checkpoint``), rolls out the dev questions greedily in the trainer's episode
-   shape (:func:`dev_options`, :func:`flows.rollouts.collect_rollouts`) and scores them
+   shape (:func:`dev_shape`, :func:`flows.rollouts.collect_rollouts`) and scores them
    (:func:`flows.rollouts.score_rewards`): ``dev/return``, ``dev/em``, ...;
 4. feeds the check to the recipe's own curriculum (when-to-search: switch at ``switch_step`` or
    on a plateau of the dev return; EVO-RAG: a plateau of the dev return's EMA), logs
@@ -43,8 +43,9 @@ from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls, admin_token
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.trainer import TrainerClient
+from hoprl.domain import EpisodeShape
+from hoprl.jobspec import job_episode_shape
 from hoprl.recipes import get_recipe
-from hoprl.schemas.trainer import EVAL_TEMPERATURE, job_episode_shape
 
 COPIED_METRICS = ("reward", "loss", "kl", "reward_std", "searches")
 COPIED_PREFIXES = ("rewards/", "ended/", "judge/")  # reward components; shares of episodes cut; judge counts
@@ -174,15 +175,20 @@ def warm_start(run_id: str, request: dict[str, Any], urls: ServiceUrls) -> dict[
     return {"checkpoint_id": row.id, "path": row.path, "step": 0}
 
 
+def dev_shape(request: dict[str, Any]) -> EpisodeShape:
+    """A dev check's episode shape: the trainer's for ``request`` (the function its rollouts read,
+    :func:`hoprl.jobspec.job_episode_shape`), decoded greedily."""
+    return job_episode_shape(request).greedy()
+
+
 def dev_options(request: dict[str, Any], stage: Any, model: str) -> dict[str, Any]:
-    """A dev check's episodes: the trainer's episode shape for ``request`` (the function its
-    rollouts read, :func:`hoprl.schemas.trainer.job_episode_shape`), greedy, in curriculum ``stage``."""
+    """A dev check's model and recipe config, in curriculum ``stage`` (its shape: the trainer's,
+    greedy, :func:`dev_check`)."""
     recipe_config = {
         **request["hyperparameters"].get("recipe_config", {}),
         **stage_config(request["recipe"], stage),
     }
-    return {**job_episode_shape(request), "temperature": EVAL_TEMPERATURE, "model": model,
-            "recipe_config": recipe_config}  # fmt: skip
+    return {"model": model, "recipe_config": recipe_config}
 
 
 def dev_check(
@@ -208,6 +214,7 @@ def dev_check(
             urls.retriever,
             limit=dev["limit"],
             options=dev_options(request, stage, model),
+            shape=dev_shape(request),
         )
         logged[step] = score_rewards(run_id, step, urls.judge, prefix="dev")["dev/return"]
     return logged[step]

@@ -16,6 +16,7 @@ own time, not a round trip's).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -30,12 +31,13 @@ from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import AsyncPolicyClient, ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids, pool
+from hoprl.domain import EpisodeShape, Question
 from hoprl.evaluation import corpus_collection, ensure_indexed, progress
+from hoprl.jobspec import protocol_shape
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.metrics.retrieval import agent_retrieval
 from hoprl.protocols import Protocol
 from hoprl.recipes import get_recipe
-from hoprl.schemas import Question
 from hoprl.schemas.policy import AnswerResponse
 
 #: outcomes that end an episode by the recipe's own final action
@@ -46,13 +48,17 @@ ENDINGS = ("answer", "refuse", "stop")
 class AnswerSettings:
     """How each question is asked beyond its text (an evaluation protocol's part of the request).
 
-    ``max_steps`` / ``temperature`` / ``top_p`` / ``seed`` go into each ``/v1/answer`` request
-    (``None`` steps: the service's POLICY_DEFAULT_MAX_STEPS); ``references`` sends the question's
-    own paragraphs (ARENA answers over them); ``generator`` names the recipe whose prompt turns
-    the documents an episode retrieved into the answer, through the policy's chat route at the same
-    decoding (R2AG's generation step: its episodes retrieve and stop, they do not answer).
+    ``shape`` (a paper protocol's episode: :func:`hoprl.jobspec.protocol_shape`) goes into each
+    ``/v1/answer`` request whole, and the service answers in it (within its limits, which the reply
+    names); without one, ``max_steps`` / ``temperature`` go instead (``None`` steps: the service's
+    POLICY_DEFAULT_MAX_STEPS). ``top_p`` / ``seed`` go with a sampled decoding; ``references``
+    sends the question's own paragraphs (ARENA answers over them); ``generator`` names the recipe
+    whose prompt turns the documents an episode retrieved into the answer, through the policy's
+    chat route at the same decoding (R2AG's generation step: its episodes retrieve and stop, they
+    do not answer).
     """
 
+    shape: EpisodeShape | None = None
     max_steps: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
@@ -64,6 +70,7 @@ class AnswerSettings:
     @classmethod
     def of(cls, protocol: Protocol, seed: int | None = None) -> AnswerSettings:
         return cls(
+            shape=protocol_shape(protocol),
             max_steps=protocol.max_steps,
             temperature=protocol.temperature,
             top_p=protocol.top_p,
@@ -75,13 +82,21 @@ class AnswerSettings:
     def fields(self, question: Question) -> dict[str, Any]:
         """The request's fields for ``question`` (defaults left out)."""
         out: dict[str, Any] = {"max_steps": self.max_steps}
+        if self.shape is not None:
+            out = {"shape": self.shape}
         if self.temperature > 0:
-            out |= {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+            out |= {"top_p": self.top_p, "seed": self.seed}
+            if self.shape is None:
+                out["temperature"] = self.temperature
         if self.references:
             out["paragraphs"] = [
                 {"title": p.title, "text": p.text} for p in question.paragraphs
             ]  # no gold flags
         return out
+
+    def as_json(self) -> dict[str, Any]:
+        """The settings as a report records them (the shape as its fields)."""
+        return {**self.__dict__, "shape": None if self.shape is None else self.shape.model_dump(mode="json")}
 
     @property
     def greedy(self) -> bool:
@@ -126,6 +141,8 @@ def _score(
         "queries": [q for s in (reply.steps or []) for q in s.queries] if reply else [],
         "outcome": reply.outcome if reply else "error",
         "constrained": reply.constrained if reply else False,
+        "shape": reply.shape.model_dump(mode="json") if reply is not None and reply.shape else None,
+        "limited": list(reply.limited) if reply else [],
         "latency_s": latency,
         "retrieval_s": reply.timings.retrieval_s if reply else 0.0,
         "generation_s": (reply.timings.generation_s if reply else 0.0) + (generated[1] if generated else 0.0),
@@ -203,6 +220,7 @@ async def _answer_batches(
     batch_size: int,
     timeout_s: float,
     max_steps: int | None = None,
+    shape: EpisodeShape | None = None,
 ) -> list[dict[str, Any]]:
     """``questions`` in chunks of ``batch_size`` through ``/v1/answer/batch``, one chunk at a time
     (the chunks, hence the lock-step rounds, depend on the questions alone)."""
@@ -214,7 +232,8 @@ async def _answer_batches(
                 chunk = questions[i : i + batch_size]
                 try:
                     batch = await client.answer_batch([q.question for q in chunk], recipe, collection,
-                                                      max_steps=max_steps, return_trace=True)  # fmt: skip
+                                                      max_steps=max_steps, shape=shape,
+                                                      return_trace=True)  # fmt: skip
                     rows += [
                         _score(q, a, None, a.timings.total_s)
                         for q, a in zip(chunk, batch.answers, strict=True)
@@ -257,8 +276,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ended": float(np.mean([r["outcome"] in ENDINGS for r in rows])) if rows else 0.0,
         "constrained": mean("constrained"),
         "outcomes": dict(Counter(r["outcome"] for r in rows)),
+        **episodes_ran(rows),
         **agent_retrieval([r["retrieved"] for r in rows], [set(r["gold"]) for r in rows]),
     }
+
+
+def episodes_ran(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The episode shape the service ran the answers in (``episode``: one shape, or ``None`` when
+    no answer came back or the answers ran in several) and every limit it lowered (``limited``)."""
+    shapes = {json.dumps(r["shape"], sort_keys=True) for r in rows if r.get("shape")}
+    limited = sorted({x for r in rows for x in r.get("limited", [])})
+    return {"episode": json.loads(shapes.pop()) if len(shapes) == 1 else None, "limited": limited}
 
 
 def evaluate_answers(
@@ -307,7 +335,16 @@ def evaluate_answers(
     start = time.perf_counter()
     if repeatable:
         rows = asyncio.run(
-            _answer_batches(policy_url, sample, recipe, collection, batch_size, timeout_s, settings.max_steps)
+            _answer_batches(
+                policy_url,
+                sample,
+                recipe,
+                collection,
+                batch_size,
+                timeout_s,
+                settings.max_steps,
+                settings.shape,
+            )
         )
     else:
         rows = asyncio.run(
@@ -318,7 +355,7 @@ def evaluate_answers(
         "recipe": recipe,
         "collection": collection,
         "repeatable": repeatable,
-        "settings": settings.__dict__,
+        "settings": settings.as_json(),
         **summarize(rows),
         "seconds": seconds,
         "predictions": rows,

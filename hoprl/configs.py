@@ -31,15 +31,11 @@ from __future__ import annotations
 import copy
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from hoprl.settings import get_settings
-
-if TYPE_CHECKING:  # the trainer's schema reads this module for its paper defaults
-    from hoprl.schemas.trainer import JobRequest
 
 SMALL = "small"  # the section of a config file that holds the toy-run overrides
 OBJECTIVES = "objectives"  # per-objective hyperparameters (not part of the request)
@@ -84,18 +80,6 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _problems(exc: ValidationError) -> str:
-    """Pydantic's errors as ``key: message`` lines, an unknown key named as such."""
-    lines = []
-    for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        if error["type"] == "extra_forbidden":
-            lines.append(f"unknown key {key!r}")
-        else:
-            lines.append(f"{key}: {error['msg']}")
-    return "; ".join(lines)
-
-
 def read_config(path: str | Path) -> dict[str, Any]:
     """The file's mapping as written (``small:`` section included); :class:`ConfigError` otherwise."""
     path = Path(path)
@@ -113,42 +97,6 @@ def read_config(path: str | Path) -> dict[str, Any]:
             what = "overrides" if section == SMALL else "settings"
             raise ConfigError(f"config {path}: `{section}:` must be a mapping of {what}")
     return data
-
-
-def validate_request(data: dict[str, Any], where: str) -> JobRequest:
-    """``data`` as a :class:`JobRequest`; :class:`ConfigError` naming ``where`` and each bad key."""
-    from hoprl.schemas.trainer import JobRequest
-
-    try:
-        return JobRequest.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{where}: {_problems(exc)}") from None
-
-
-def load_config(path: str | Path, small: bool = False) -> JobRequest:
-    """The job request a config file describes; ``small`` applies its ``small:`` overrides.
-
-    The paper-size request is validated first, so an error in the file's main part is reported as
-    such, then the request with the overrides (an error there names the ``small:`` section).
-    """
-    data = read_config(path)
-    overrides = data.pop(SMALL, None) or {}
-    data.pop(OBJECTIVES, None)
-    data.pop(PAPER, None)
-    request = validate_request(data, f"config {path}")
-    if not small:
-        return request
-    if not overrides:
-        raise ConfigError(f"config {path} has no `{SMALL}:` section; --small needs one")
-    return validate_request(merge(data, overrides), f"config {path}, with its `{SMALL}:` overrides")
-
-
-def set_fields(request: JobRequest) -> dict[str, Any]:
-    """The fields a config file set (hyperparameters too), as JSON values: what a caller merges its
-    own explicit options over, leaving every other field to the trainer's layered defaults."""
-    fields = request.model_dump(mode="json", exclude_unset=True)
-    fields["objective"] = request.objective  # filled from the recipe when the file names none
-    return fields
 
 
 def configs_dir() -> Path:
@@ -204,3 +152,24 @@ def objective_defaults(recipe: str, objective: str) -> dict[str, Any]:
 def paper_section(recipe: str) -> dict[str, Any]:
     """The config's ``paper:`` section (``models``, ``training_data``)."""
     return dict(paper_config(recipe).get(PAPER) or {})
+
+
+#: recipes without a paper config file (``configs/<recipe>.yaml``): never trained in a paper.
+#: Search-R1's RAG baseline retrieves top-3 (NaiveRAGConfig.top_k).
+BASELINE_DEFAULTS: dict[str, dict[str, Any]] = {"naive-rag": {"objective": "grpo"}}
+
+
+def recipe_defaults(recipe: str) -> dict[str, Any]:
+    """The recipe's paper settings (:func:`paper_defaults`), or a baseline's (:data:`BASELINE_DEFAULTS`):
+    ``objective`` is the recipe's objective when a request names none; ``recipe_config`` fills the
+    recipe config keys a request leaves out."""
+    return paper_defaults(recipe) or dict(BASELINE_DEFAULTS.get(recipe, {}))
+
+
+def recipe_objective(recipe: str, objective: str | None = None) -> str:
+    """The objective a job trains with: the request's, else its recipe's paper objective.
+
+    >>> recipe_objective("r2ag"), recipe_objective("r2ag", "grpo"), recipe_objective("search-r1")
+    ('dapo', 'grpo', 'grpo')
+    """
+    return objective or str(recipe_defaults(recipe).get("objective", "grpo"))

@@ -12,9 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hoprl.clients.http import ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids, pool
+from hoprl.domain import Question, SearchMode
 from hoprl.metrics.retrieval import retrieval_report
-from hoprl.schemas import Document, Question
-from hoprl.schemas.retriever import SearchMode
+from hoprl.schemas import Document
 
 INGEST_BATCH = 256
 SEARCH_BATCH = 64

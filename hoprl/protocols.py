@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from hoprl.recipes.base import unknown
+from hoprl.domain import unknown
 
 T = TypeVar("T")
 

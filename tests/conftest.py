@@ -13,9 +13,9 @@ import torch
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
 from hoprl.data.synthetic import generate
+from hoprl.domain import EpisodeShape, Question
 from hoprl.evaluation import corpus_collection, ensure_indexed
 from hoprl.generation.model import resolve_model
-from hoprl.schemas import Question
 from services.local import LocalServer
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
@@ -28,6 +28,20 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def shape(
+    max_steps: int = 10, max_new_tokens_per_step: int = 512, token_budget: int = 4096, **rest: object
+) -> EpisodeShape:
+    """An episode shape for a test: roomy limits unless the test names its own."""
+    return EpisodeShape.model_validate(
+        {
+            "max_steps": max_steps,
+            "max_new_tokens_per_step": max_new_tokens_per_step,
+            "token_budget": token_budget,
+            **rest,
+        }
+    )
 
 
 def shared_file(name: str) -> Path:

@@ -48,7 +48,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hoprl.recipes.base import unknown
+from hoprl.domain import unknown
 
 #: Token caps of the free-text blocks (a serving limit: long thoughts cost latency, not accuracy).
 CAPS = {"think": 48, "review": 40, "analysis": 96, "query": 24, "answer": 24, "plain": 64}

@@ -47,12 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
-from hoprl.clients.llm import Completion
-from hoprl.clients.retriever import AsyncRetrieverClient
-from hoprl.recipes.base import Action
-from hoprl.schemas import Question
-from hoprl.schemas.retriever import SearchMode
+from hoprl.domain import Action, Completion, Episode, EpisodeShape, Question, RetrievedDoc, SearchMode, Step
+from hoprl.schemas.retriever import Hit
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +71,15 @@ class ChatModel(Protocol):
     ) -> list[Completion]: ...
 
 
+class Searcher(Protocol):
+    """What the runner needs of a retriever: :class:`hoprl.clients.retriever.AsyncRetrieverClient`'s
+    ``search`` (over HTTP), or anything with the same signature."""
+
+    async def search(
+        self, collection: str, queries: list[str], top_k: int = 5, mode: SearchMode = "hybrid"
+    ) -> list[list[Hit]]: ...
+
+
 class AgentRecipe(Protocol):
     """What the runner needs of a recipe (read-only members, so class or instance attributes fit)."""
 
@@ -91,15 +96,12 @@ class AgentRecipe(Protocol):
 
 @dataclass(frozen=True)
 class RunOptions:
-    """Limits and sampling of one episode; see :func:`run_episode`."""
+    """One episode's shape (its limits and decoding, :class:`~hoprl.domain.EpisodeShape`) and the
+    sampling choices that are the caller's alone; see :func:`run_episode`."""
 
-    max_steps: int = 10
-    max_new_tokens_per_step: int = 512
-    token_budget: int = 4096
-    temperature: float = 1.0
+    shape: EpisodeShape
     top_p: float = 1.0
     seed: int | None = None
-    search_mode: SearchMode = "hybrid"
     timeout_s: float | None = None
     logprobs: bool = False
 
@@ -112,13 +114,14 @@ class _Run:
         recipe: AgentRecipe,
         question: Question,
         llm: ChatModel,
-        retriever: AsyncRetrieverClient,
+        retriever: Searcher,
         collection: str,
         opts: RunOptions,
         sample: int,
     ) -> None:
         self.recipe, self.question, self.llm, self.retriever = recipe, question, llm, retriever
         self.collection, self.opts = collection, opts
+        self.stop = list(recipe.stop if opts.shape.stop is None else opts.shape.stop)
         self.episode = Episode(
             recipe=recipe.name,
             question_id=question.id,
@@ -142,8 +145,9 @@ class _Run:
     async def retrieve(self, queries: list[str]) -> list[list[RetrievedDoc]]:
         start = time.perf_counter()
         hits = await self.retriever.search(
-            self.collection, queries, top_k=self.recipe.top_k, mode=self.opts.search_mode
-        )
+            self.collection, queries, top_k=self.opts.shape.top_k or self.recipe.top_k,
+            mode=self.opts.shape.search_mode,
+        )  # fmt: skip
         self.episode.timings["retrieval"] += time.perf_counter() - start
         return [[RetrievedDoc(id=h.id, title=h.title, text=h.text, score=h.score) for h in hs] for hs in hits]
 
@@ -151,9 +155,9 @@ class _Run:
         start = time.perf_counter()
         (completion,) = await self.llm.chat(
             self.messages,
-            stop=list(self.recipe.stop),
+            stop=self.stop,
             max_tokens=max_tokens,
-            temperature=self.opts.temperature,
+            temperature=self.opts.shape.temperature,
             top_p=self.opts.top_p,
             seed=self.seed,
             logprobs=self.opts.logprobs,
@@ -178,20 +182,21 @@ class _Run:
     async def run(self) -> None:
         await self.start()
         # A recipe's own cap (EVO-RAG's T_max) bounds the run too: its scheduler is defined up to it.
-        cap = min(self.opts.max_steps, getattr(self.recipe, "max_steps", self.opts.max_steps))
+        shape = self.opts.shape
+        cap = min(shape.max_steps, getattr(self.recipe, "max_steps", shape.max_steps))
         for t in range(1, cap + 1):
-            remaining = self.opts.token_budget - self.used
+            remaining = shape.token_budget - self.used
             if remaining <= 0:
                 self.episode.outcome = "token_budget"
                 return
-            max_tokens = min(self.opts.max_new_tokens_per_step, remaining)
+            max_tokens = min(shape.max_new_tokens_per_step, remaining)
             completion = await self.generate(max_tokens)
             if self.opts.logprobs:
                 self.episode.meta.setdefault("logprobs", []).append(completion.logprobs)
             self.episode.meta.setdefault("finish_reasons", []).append(completion.finish_reason)
             if completion.finish_reason == "length" and not getattr(self.recipe, "accept_truncated", False):
                 action = Action("format_error", error=f"segment cut at max_tokens={max_tokens}")
-                if max_tokens < self.opts.max_new_tokens_per_step:
+                if max_tokens < shape.max_new_tokens_per_step:
                     self.record(t, completion.text, action)
                     self.episode.outcome = "token_budget"
                     return
@@ -254,7 +259,7 @@ async def run_episode(
     recipe: AgentRecipe,
     question: Question,
     llm: ChatModel,
-    retriever: AsyncRetrieverClient,
+    retriever: Searcher,
     collection: str,
     *,
     sample: int = 0,
@@ -266,9 +271,10 @@ async def run_episode(
         collection: the retriever collection to search.
         sample: index of this sample among a question's group; with ``seed`` set, each request
             uses ``seed + sample`` so a group's samples differ reproducibly.
-        options: the fields of :class:`RunOptions` (``max_steps``, ``max_new_tokens_per_step``,
-            ``token_budget``, ``temperature``, ``top_p``, ``seed``, ``search_mode``, ``timeout_s``,
-            ``logprobs``).
+        options: the fields of :class:`RunOptions`: ``shape`` (the episode's
+            :class:`~hoprl.domain.EpisodeShape`: steps, tokens a step, budget, temperature, documents
+            a search, stop strings, search mode) and the caller's ``top_p``, ``seed``, ``timeout_s``,
+            ``logprobs``.
 
     Retriever and model transport errors propagate: a rollout without its evidence is not an
     episode to train on.
@@ -292,7 +298,7 @@ async def run_episodes(
     recipe: AgentRecipe,
     questions: Sequence[Question],
     llm: ChatModel,
-    retriever: AsyncRetrieverClient,
+    retriever: Searcher,
     collection: str,
     *,
     n_samples: int = 1,

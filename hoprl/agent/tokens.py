@@ -1,4 +1,4 @@
-"""Turn an :class:`~hoprl.agent.trajectory.Episode` into the token-level form the trainer uses.
+"""Turn an :class:`~hoprl.domain.Episode` into the token-level form the trainer uses.
 
 The conversation is the episode's initial messages followed, per step, by the assistant segment
 (``Step.text``) and, when there is one, the injected information as a user message. It is
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hoprl.agent.trajectory import Episode, TokenTrajectory
+from hoprl.domain import Episode, TokenTrajectory
 
 
 def episode_messages(episode: Episode) -> list[dict[str, str]]:

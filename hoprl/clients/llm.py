@@ -22,30 +22,14 @@ logprobs, when asked, cover only what the server generated, never the re-appende
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from openai import AsyncOpenAI
 
 from hoprl.clients.http import api_key as service_api_key
+from hoprl.domain import Completion
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Completion:
-    """One generated choice.
-
-    ``stop`` is the stop text appended by the rule above (``None``: nothing appended);
-    ``logprobs`` holds one ``(token, logprob)`` per generated token when asked for; ``usage`` is
-    the response's ``prompt_tokens`` / ``completion_tokens`` (for all ``n`` choices together).
-    """
-
-    text: str
-    finish_reason: str | None
-    stop: str | None = None
-    logprobs: list[tuple[str, float]] | None = None
-    usage: dict[str, int] = field(default_factory=dict)
 
 
 def expected_close(text: str, stop: list[str]) -> str | None:

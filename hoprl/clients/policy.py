@@ -18,16 +18,22 @@ import httpx
 
 from hoprl.clients.http import ServiceClient, ServiceError, client_options
 from hoprl.clients.http import check as _check
-from hoprl.schemas import Question
+from hoprl.domain import EpisodeShape, Question
 from hoprl.schemas.policy import AnswerBatchResponse, AnswerResponse, CheckpointResponse, RolloutResponse
 
 
+def _json(fields: dict[str, Any]) -> dict[str, Any]:
+    """A request's set fields as JSON (an episode shape as its fields)."""
+    return {k: v.model_dump(mode="json") if isinstance(v, EpisodeShape) else v for k, v in fields.items()
+            if v is not None}  # fmt: skip
+
+
 def _answer_body(question: str, **fields: Any) -> dict[str, Any]:
-    return {"question": question, **{k: v for k, v in fields.items() if v is not None}}
+    return {"question": question, **_json(fields)}
 
 
 def _batch_body(questions: list[str], **fields: Any) -> dict[str, Any]:
-    return {"questions": questions, **{k: v for k, v in fields.items() if v is not None}}
+    return {"questions": questions, **_json(fields)}
 
 
 def _rollouts_body(
@@ -38,7 +44,7 @@ def _rollouts_body(
         "recipe": recipe,
         "collection": collection,
         "n_samples": n_samples,
-        "sampling": sampling or {},
+        "sampling": _json(sampling or {}),
     }
 
 
@@ -65,8 +71,9 @@ class PolicyClient(ServiceClient):
         return_trace: bool = False,
         **options: Any,
     ) -> AnswerResponse:
-        """``options``: the request's other fields (``temperature``, ``top_p``, ``seed``,
-        ``paragraphs`` as dicts, ``constrained``); see :class:`hoprl.schemas.policy.AnswerRequest`."""
+        """``options``: the request's other fields (``shape``, an :class:`~hoprl.domain.EpisodeShape`;
+        ``temperature``, ``top_p``, ``seed``, ``paragraphs`` as dicts, ``constrained``); see
+        :class:`hoprl.schemas.policy.AnswerRequest`."""
         body = _answer_body(
             question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace,
             **options,
@@ -81,11 +88,12 @@ class PolicyClient(ServiceClient):
         max_steps: int | None = None,
         return_trace: bool = False,
         constrained: bool | None = None,
+        shape: EpisodeShape | None = None,
     ) -> AnswerBatchResponse:
         """Answer ``questions`` together in lock-step rounds, greedily: the same request to the same
         checkpoint and index gives the same answers (``POST /v1/answer/batch``)."""
         body = _batch_body(questions, recipe=recipe, collection=collection, max_steps=max_steps,
-                           return_trace=return_trace, constrained=constrained)  # fmt: skip
+                           return_trace=return_trace, constrained=constrained, shape=shape)  # fmt: skip
         return AnswerBatchResponse.model_validate(_check(self.http.post("/v1/answer/batch", json=body)))
 
     def rollouts(
@@ -96,7 +104,7 @@ class PolicyClient(ServiceClient):
         n_samples: int = 1,
         sampling: dict[str, Any] | None = None,
     ) -> RolloutResponse:
-        """``sampling``: temperature, top_p, max_tokens (per step), max_steps, token_budget, seed."""
+        """``sampling``: ``shape`` (the run's :class:`~hoprl.domain.EpisodeShape`), ``top_p``, ``seed``."""
         body = _rollouts_body(questions, recipe, collection, n_samples, sampling)
         return RolloutResponse.model_validate(_check(self.http.post("/v1/rollouts", json=body)))
 
@@ -145,9 +153,10 @@ class AsyncPolicyClient:
         max_steps: int | None = None,
         return_trace: bool = False,
         constrained: bool | None = None,
+        shape: EpisodeShape | None = None,
     ) -> AnswerBatchResponse:
         body = _batch_body(questions, recipe=recipe, collection=collection, max_steps=max_steps,
-                           return_trace=return_trace, constrained=constrained)  # fmt: skip
+                           return_trace=return_trace, constrained=constrained, shape=shape)  # fmt: skip
         response = await self.http.post("/v1/answer/batch", json=body)
         return AnswerBatchResponse.model_validate(_check(response))
 

@@ -8,8 +8,9 @@ import httpx
 
 from hoprl.clients.http import ServiceClient, client_options
 from hoprl.clients.http import check as _check
+from hoprl.domain import SearchMode
 from hoprl.schemas import Document
-from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchMode, SearchResponse
+from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchResponse
 
 
 def _search_body(

@@ -11,7 +11,8 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-from hoprl.schemas import Document, Question
+from hoprl.domain import Question
+from hoprl.schemas import Document
 
 
 def doc_id(title: str, text: str) -> str:

@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hoprl.recipes.base import unknown
-from hoprl.schemas import Paragraph, Question
+from hoprl.domain import Paragraph, Question, unknown
 
 Row = dict[str, Any]
 

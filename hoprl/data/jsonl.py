@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hoprl.schemas import Question
+from hoprl.domain import Question
 
 
 class DataError(ValueError):

@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hoprl.data.jsonl import DataError, load_questions
-from hoprl.schemas import Question
+from hoprl.domain import Question
 
 PART = re.compile(r"^(?P<dataset>[a-z0-9-]+):(?P<split>train|dev|test)(?::(?P<n>[1-9][0-9]*))?$")
 

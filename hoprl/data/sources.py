@@ -8,7 +8,7 @@ from pathlib import Path
 from hoprl.data.hub import HUB, load_hub
 from hoprl.data.jsonl import DataError, load_questions
 from hoprl.data.mixtures import paper_spec, paper_training_set
-from hoprl.schemas import Question
+from hoprl.domain import Question
 
 
 def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0) -> list[Question]:

@@ -21,7 +21,8 @@ from typing import Any
 from anyio import to_thread
 
 from hoprl.agent.grammar import Grammar, Turn, grammar
-from hoprl.clients.llm import Completion, restore_stop
+from hoprl.clients.llm import restore_stop
+from hoprl.domain import Completion
 from hoprl.generation.engines import Engine, Generation, SamplingParams
 
 Messages = list[dict[str, str]]

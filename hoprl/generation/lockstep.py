@@ -9,11 +9,10 @@ from typing import Any, TypeVar
 from anyio import to_thread
 
 from hoprl.agent.runner import run_episode
-from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Episode, Question
 from hoprl.generation.chat import EngineChat, Messages, _Ask
 from hoprl.generation.engines import Engine, Generation, SamplingParams
-from hoprl.schemas import Question
 
 T = TypeVar("T")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hoprl.domain import unknown
 from hoprl.recipes.arena import Arena
-from hoprl.recipes.base import unknown
 from hoprl.recipes.baselines import NaiveRAG, SearchR1
 from hoprl.recipes.eval_rar import EvalRAR
 from hoprl.recipes.evo_rag import EvoRag

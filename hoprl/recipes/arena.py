@@ -36,11 +36,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from hoprl.agent.parsing import outside_text, parse_tags
-from hoprl.agent.trajectory import Episode, RetrievedDoc
 from hoprl.data.synthetic import hops_for
+from hoprl.domain import Action, Episode, Paragraph, Question, RetrievedDoc
 from hoprl.metrics.answer import exact_match
-from hoprl.recipes.base import Action, RewardFunc, versioned
+from hoprl.recipes.base import RewardFunc, versioned
 from hoprl.recipes.baselines import (
     expert_answer,
     final_answers,
@@ -49,7 +48,7 @@ from hoprl.recipes.baselines import (
     gold_answers,
     hop_statement,
 )
-from hoprl.schemas import Paragraph, Question
+from hoprl.recipes.parsing import outside_text, parse_tags
 
 TAGS = ["relevance", "analysis", "answer"]
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -9,7 +9,7 @@ Rewards follow one signature (TRL's ``RewardFunc``)::
     def reward(prompts, completions, **kwargs) -> list[float | None]
 
 ``kwargs`` carries the dataset columns (``answers``, ``gold_titles``, ...) and ``episodes`` (one
-:class:`~hoprl.agent.trajectory.Episode` per completion). ``None`` means "not applicable". Step-level
+:class:`~hoprl.domain.Episode` per completion). ``None`` means "not applicable". Step-level
 signals are computed per step (``Step.signals``) and reduced to one number by
 :func:`hoprl.recipes.rewards.sequence_reward`. Every reward function carries ``__version__``
 (``name@N``), recorded with each score.
@@ -18,24 +18,11 @@ signals are computed per step (``Step.signals``) and reduced to one number by
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from hoprl.agent.trajectory import ActionKind, RetrievedDoc
-from hoprl.schemas import Question
+from hoprl.domain import Action, Question, RetrievedDoc
 
 RewardFunc = Callable[..., list[float | None]]
-
-
-@dataclass
-class Action:
-    """What the runner does next, parsed from one generated segment."""
-
-    kind: ActionKind
-    queries: list[str] = field(default_factory=list)
-    query_kinds: list[str] = field(default_factory=list)
-    answer: str | None = None
-    error: str | None = None
 
 
 class Recipe(Protocol):
@@ -85,8 +72,3 @@ def versioned(name: str) -> Callable[[RewardFunc], RewardFunc]:
         return fn
 
     return wrap
-
-
-def unknown(kind: str, name: str, valid: dict[str, Any]) -> KeyError:
-    """The error every plain-dict registry raises for an unknown name."""
-    return KeyError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(valid))}")

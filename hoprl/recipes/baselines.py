@@ -9,7 +9,7 @@
 :class:`SearchR1` is also the base of ``eval-rar`` (adds ``<evaluate>`` after each information
 turn) and ``when-to-search`` (adds ``<reflect>``): they override :attr:`SearchR1.review_tag`.
 
-Rewards read ``episodes`` (one :class:`~hoprl.agent.trajectory.Episode` per completion) when the
+Rewards read ``episodes`` (one :class:`~hoprl.domain.Episode` per completion) when the
 caller passes them, else the completion text: see :func:`generated_texts` and
 :func:`final_answers`.
 
@@ -27,12 +27,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from hoprl.agent.parsing import parse_tags
-from hoprl.agent.trajectory import Episode, RetrievedDoc
 from hoprl.data.synthetic import Hop, hops_for
+from hoprl.domain import Action, Episode, Question, RetrievedDoc
 from hoprl.metrics.answer import exact_match
-from hoprl.recipes.base import Action, RewardFunc, versioned
-from hoprl.schemas import Question
+from hoprl.recipes.base import RewardFunc, versioned
+from hoprl.recipes.parsing import parse_tags
 
 # --- helpers shared by the tag recipes -------------------------------------------------------
 

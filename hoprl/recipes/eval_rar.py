@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from hoprl.agent.parsing import parse_tags
-from hoprl.agent.trajectory import Episode
+from hoprl.domain import Episode
 from hoprl.metrics.answer import containment
 from hoprl.recipes.base import RewardFunc, versioned
 from hoprl.recipes.baselines import (
@@ -38,6 +37,7 @@ from hoprl.recipes.baselines import (
     generated_texts,
     gold_answers,
 )
+from hoprl.recipes.parsing import parse_tags
 
 EVAL_RAR_PROMPT = (
     "Answer the question by reasoning, searching and evaluating what you find. Reason inside <think> "

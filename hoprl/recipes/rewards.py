@@ -1,6 +1,6 @@
 """Reward plumbing shared by the recipes: one adapter from step signals to rewards.
 
-Recipes with step-level rewards write their signals into each :class:`~hoprl.agent.trajectory.Step`
+Recipes with step-level rewards write their signals into each :class:`~hoprl.domain.Step`
 (``step.signals``, a dict ``name -> value``). This module turns them into the two numbers the
 objectives need, with one formula:
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc
+from hoprl.domain import Episode, RetrievedDoc
 from hoprl.recipes.base import RewardFunc
 
 #: ``t -> {signal name: weight}`` for the 1-based step index ``t``

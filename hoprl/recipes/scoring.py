@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hoprl.agent.trajectory import Episode
+from hoprl.domain import Episode, Question
 from hoprl.recipes import reward_weights
 from hoprl.recipes.baselines import generated_texts
-from hoprl.schemas import Question
 
 
 def columns_for(episodes: Sequence[Episode], questions: Sequence[Question | None]) -> dict[str, Any]:

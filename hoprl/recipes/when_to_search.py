@@ -54,9 +54,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from hoprl.agent.parsing import outside_text, parse_tags
-from hoprl.agent.trajectory import Episode
 from hoprl.data.synthetic import hops_for
+from hoprl.domain import Episode, Question
 from hoprl.judging import Judge
 from hoprl.metrics.answer import containment, exact_match
 from hoprl.recipes.base import RewardFunc, versioned
@@ -72,7 +71,7 @@ from hoprl.recipes.baselines import (
     hop_fact,
     lists_title,
 )
-from hoprl.schemas import Question
+from hoprl.recipes.parsing import outside_text, parse_tags
 
 TAGS = ["think", "search", "reflect", "answer", "information"]
 #: r_f's accepted tag sequences (injected information left out), by ``format_rule``

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from hoprl.agent.trajectory import Episode
+from hoprl.domain import Episode
 from hoprl.registry.base import RegistryBase
 from hoprl.registry.models import EpisodeRow
 from hoprl.registry.records import total_reward

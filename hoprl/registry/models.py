@@ -192,7 +192,7 @@ class MetricRow(Base):
 
 
 class EpisodeRow(Base):
-    """One rollout: the :class:`hoprl.agent.trajectory.Episode` as JSON plus every reward signal.
+    """One rollout: the :class:`hoprl.domain.Episode` as JSON plus every reward signal.
 
     Keyed by (run, step, question, sample), so a resumed job that replays a step inserts nothing.
     """

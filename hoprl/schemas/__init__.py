@@ -6,13 +6,8 @@ One module per service holds its requests and responses (:mod:`hoprl.schemas.ret
 from them, and its client (:mod:`hoprl.clients`) parses with the same classes, so the two cannot
 drift apart. They are plain pydantic, with no server dependency.
 
-This module holds what every layer shares: the common question schema, documents and the error
-body. The question schema is the one of ``../shared/data`` (one JSON object per line)::
-
-    {"id", "dataset", "split", "question", "answers": [gold first, then aliases], "type",
-     "paragraphs": [{"title", "text", "is_gold"}], "gold_titles": [...]}
-
-Every loader (local JSONL, Hugging Face hub, the synthetic world) produces :class:`Question`.
+This module holds what every service shares: documents and the error body, and the common
+question schema (:class:`hoprl.domain.Question`, re-exported: it travels in requests too).
 """
 
 from __future__ import annotations
@@ -21,31 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hoprl.domain import Paragraph, Question
 
-class Paragraph(BaseModel):
-    title: str
-    text: str
-    is_gold: bool = False
-
-
-class Question(BaseModel):
-    """One question in the common schema; ``answers[0]`` is the gold answer, the rest aliases."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: str
-    dataset: str
-    split: str
-    question: str
-    answers: list[str] = Field(default_factory=list)
-    type: str | None = None
-    paragraphs: list[Paragraph] = Field(default_factory=list)
-    gold_titles: list[str] = Field(default_factory=list)
-
-    @property
-    def answerable(self) -> bool:
-        """Unanswerable questions (the synthetic world's) carry no answers."""
-        return bool(self.answers)
+__all__ = ["Document", "ErrorBody", "Paragraph", "Question"]
 
 
 class Document(BaseModel):

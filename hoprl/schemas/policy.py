@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
-from hoprl.schemas import Paragraph, Question
-from hoprl.schemas.retriever import SearchMode
+from hoprl.domain import Episode, EpisodeShape, Outcome, Paragraph, Question, Step, TokenTrajectory
 
 SEED = Field(None, ge=0, le=2**63 - 1, description="same seed, same request -> same output")
 
@@ -27,14 +25,26 @@ class AnswerRequest(BaseModel):
     collection: str | None = Field(
         None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
     )
+    shape: EpisodeShape | None = Field(
+        None,
+        description="the episode's shape (a paper protocol's: steps, tokens a step, budget, temperature, "
+        "documents a search, grammar); unset: the service's (POLICY_DEFAULT_MAX_STEPS, "
+        "POLICY_MAX_NEW_TOKENS_PER_STEP, POLICY_TOKEN_BUDGET, POLICY_CONSTRAINED_DECODING). Values above the "
+        "service's limits are lowered to them, and the response's `limited` says which",
+    )
     max_steps: int | None = Field(
-        None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS); default POLICY_DEFAULT_MAX_STEPS"
+        None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS); over the shape's"
     )
     return_trace: bool = Field(False, description="include every step: text, queries, documents")
     constrained: bool | None = Field(
-        None, description="decode under the recipe's action grammar; default POLICY_CONSTRAINED_DECODING"
+        None, description="decode under the recipe's action grammar, over the shape's grammar"
     )
-    temperature: float = Field(0.0, ge=0, le=2, description="0 = greedy (default); R2AG evaluates at 0.6")
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        le=2,
+        description="0 = greedy (default); R2AG evaluates at 0.6; when sent, over the shape's",
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; R2AG evaluates at 0.9")
     seed: int | None = SEED
     paragraphs: list[Paragraph] = Field(
@@ -66,6 +76,12 @@ class AnswerResponse(BaseModel):
     model: str
     constrained: bool = Field(False, description="every step was decoded under the recipe's action grammar")
     grammar: str | None = Field(None, description="that grammar's name and version, e.g. search-r1@1")
+    shape: EpisodeShape | None = Field(None, description="the episode's shape as it ran, after the limits")
+    limited: list[str] = Field(
+        default_factory=list,
+        description="each value of the requested shape the service's limits lowered, e.g. "
+        "'max_new_tokens_per_step 4096 -> 256 (POLICY_MAX_NEW_TOKENS_PER_STEP)'",
+    )
 
 
 class AnswerBatchRequest(BaseModel):
@@ -81,6 +97,10 @@ class AnswerBatchRequest(BaseModel):
     collection: str | None = Field(
         None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
     )
+    shape: EpisodeShape | None = Field(
+        None,
+        description="the episode's shape, as AnswerRequest.shape; decoded greedily whatever its temperature",
+    )
     max_steps: int | None = Field(None, ge=1, description="agent steps at most (<= POLICY_MAX_STEPS)")
     return_trace: bool = Field(False, description="include every step: text, queries, documents")
     constrained: bool | None = Field(
@@ -95,15 +115,17 @@ class AnswerBatchResponse(BaseModel):
 
 
 class RolloutSampling(BaseModel):
+    """How rollouts are sampled: the run's episode shape (never a default: a training run's own) and
+    the sampling choices beside it."""
+
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float = Field(1.0, ge=0, le=2)
+    shape: EpisodeShape = Field(
+        description="steps (<= POLICY_MAX_STEPS), tokens a step (<= POLICY_MAX_NEW_TOKENS_PER_STEP), budget "
+        "(<= POLICY_TOKEN_BUDGET), temperature, search mode; rollouts are never grammar-constrained"
+    )
     top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(128, ge=1, description="new tokens per step (<= POLICY_MAX_TOKENS_PER_STEP)")
-    max_steps: int = Field(4, ge=1, description="<= POLICY_MAX_STEPS")
-    token_budget: int | None = Field(None, ge=1, description="default and cap POLICY_TOKEN_BUDGET")
     seed: int | None = SEED
-    search_mode: SearchMode = "hybrid"
 
 
 class RolloutRequest(BaseModel):
@@ -113,7 +135,7 @@ class RolloutRequest(BaseModel):
     recipe: str
     n_samples: int = Field(1, ge=1, description="episodes per question (a GRPO group)")
     collection: str
-    sampling: RolloutSampling = Field(default_factory=RolloutSampling)
+    sampling: RolloutSampling
 
 
 class Rollout(BaseModel):

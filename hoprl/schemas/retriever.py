@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, field_validator
 
+from hoprl.domain import SearchMode
 from hoprl.schemas import Document
-
-SearchMode = Literal["dense", "sparse", "hybrid"]
 
 #: a metadata field name, or a dotted path into nested metadata (``"kind"``, ``"source.site"``):
 #: the keys Qdrant's JSON paths accept without quoting ("" or "a b" made it fail: invalid JSON path)

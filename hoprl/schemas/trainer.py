@@ -1,22 +1,14 @@
 """The trainer's wire contracts: a job request, its hyperparameters and the job view.
 
-One cohesive module over ~400 lines: the contract and its defaults (presets, paper values) are
-read together; splitting them would hide where a default comes from.
-
 A job is one run in the run registry: the request is stored whole as the run's ``config``, so a
 job can be re-run (or resumed after a restart) from the registry alone.
 
 Hyperparameters are flat and validated (``extra="forbid"``): a misspelt name is a 422 naming the
-field, never a silently kept default. Fields the request leaves out take, in this order, the
-``cpu`` preset's value (:data:`CPU_PRESET`, only when ``preset="cpu"``), the paper's value for the
-(recipe, objective) (:func:`objective_defaults`), the paper's value for the recipe
-(:func:`recipe_defaults`, both read from ``configs/<recipe>.yaml``), the value the recipe derives
-from its own config (:func:`recipe_derived_defaults`), then the generic one; an unset
-``objective`` is the recipe's paper objective (:func:`recipe_objective`).
-:meth:`Hyperparameters.resolved` is that one place; the resolved values are logged and stored
-with the run. ``docs/papers.md`` says where each paper value comes from;
-``tests/hoprl/test_papers_table.py`` compares the configs with it and
-``tests/services/trainer/test_recipe_defaults.py`` pins what a bare request resolves to.
+field, never a silently kept default. A field the request leaves out is unset here; what the job
+then trains with (the preset's, the paper's, the recipe's derived or the generic value) is
+resolved in one place, :func:`hoprl.jobspec.resolve`. The one rule of the wire itself: an unset
+``objective`` is the recipe's paper objective (:func:`hoprl.configs.recipe_objective`), stored as
+such with the run.
 """
 
 from __future__ import annotations
@@ -24,6 +16,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hoprl.configs import recipe_objective
+from hoprl.domain import RECIPE_NAMES, SHAPE_DEFAULTS
 
 Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -33,107 +28,7 @@ Generation = Literal["transformers", "vllm"]
 VllmMode = Literal["colocate", "server"]
 Distributed = Literal["ddp", "zero2", "zero3", "fsdp"]
 
-#: recipes without a paper config file (``configs/<recipe>.yaml``): never trained in a paper.
-#: Search-R1's RAG baseline retrieves top-3 (NaiveRAGConfig.top_k).
-BASELINE_DEFAULTS: dict[str, dict[str, Any]] = {"naive-rag": {"objective": "grpo"}}
-
-
-def recipe_defaults(recipe: str) -> dict[str, Any]:
-    """The recipe's paper settings, read from ``configs/<recipe>.yaml`` (the file is their one home:
-    :func:`hoprl.configs.paper_defaults`; sources in docs/papers.md). ``objective`` is the recipe's
-    objective when the request names none; ``recipe_config`` fills the recipe config keys the
-    request leaves out. Imported here, not at the top: the configs module validates files with
-    this module's :class:`JobRequest`."""
-    from hoprl.configs import paper_defaults
-
-    return paper_defaults(recipe) or dict(BASELINE_DEFAULTS.get(recipe, {}))
-
-
-def objective_defaults(recipe: str, objective: str) -> dict[str, Any]:
-    """The paper's settings for (recipe, objective), applied before :func:`recipe_defaults` (a
-    learning rate is the objective's: an SFT warm start of the same recipe keeps the generic 3e-4):
-    the config's ``objectives:`` section (:func:`hoprl.configs.objective_defaults`)."""
-    from hoprl.configs import objective_defaults as from_config
-
-    return from_config(recipe, objective)
-
-
-#: ``preset="cpu"``: the papers' settings scaled down to what two CPU cores train in minutes with
-#: SmolLM2-135M (``make run``, ``hoprl pipeline --small``). Only sizes change; objectives, clips, KL
-#: and rewards stay the paper's. The episode shape (:func:`episode_shape`) is every phase's: the
-#: trainer's rollouts, the flows' dev checks and the /v1/answer limits of the policy a local
-#: pipeline starts (flows/stack.py), so a run is evaluated in the shape it was trained in.
-CPU_PRESET: dict[str, Any] = {
-    "questions_per_step": 2,  # groups per step; Search-R1 trains 512 prompts a step on 8 GPUs
-    "num_generations": 4,  # group size (Search-R1: 5); 4 keeps a GRPO step of 2 groups at ~10-30 s
-    "max_turns": 4,  # agent steps (when-to-search 5, EVO-RAG T_max 20): two searches and an answer
-    # tokens one step generates (Search-R1 allows 500 per turn): when-to-search's expert segments in
-    # the synthetic world take up to 66 tokens (measured, SmolLM2's tokenizer), so at 64 the SFT
-    # model's answers were cut mid-tag; 96 holds them with room to spare
-    "max_new_tokens_per_step": 96,
-    # context growth per episode: a two-search episode with when-to-search's 5 documents a search
-    # fits whole: 3 turns of 96 + 2 blocks of the largest measured 5-document block (395 tokens in
-    # the synthetic world) + 64 of chat-template glue = 288 + 790 + 64 = 1142 <= 1152
-    "token_budget": 1152,
-    "save_steps": 5,  # checkpoints of short segments
-}
-
-#: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
-#: papers' 1e-6 (7B-8B models over hundreds of steps) barely moves SmolLM2-135M in the demo's few
-#: steps; 1e-5 is the generic RL value the demo was sized with
-CPU_RL_LEARNING_RATE = 1e-5
-
-#: recipe config scaled with the cpu preset (merged under the request's recipe_config)
-CPU_RECIPE_CONFIG: dict[str, dict[str, Any]] = {
-    # EVO-RAG's scheduler p(t) = (t-1)/(T_max-1) spans the episode: with T_max = 20 and 4 steps it
-    # never passes 0.16 and the late weights and r_act never act; T_max = max_turns keeps the whole
-    # Discovery -> Refinement schedule inside the short episode
-    "evo-rag": {"t_max": CPU_PRESET["max_turns"]},
-}
-
 MAX_TOKEN_BUDGET = 32768  # Hyperparameters.token_budget's bound
-
-
-def recipe_objective(recipe: str, objective: str | None = None) -> str:
-    """The objective a job trains with: the request's, else its recipe's paper objective.
-
-    >>> recipe_objective("r2ag"), recipe_objective("r2ag", "grpo"), recipe_objective("search-r1")
-    ('dapo', 'grpo', 'grpo')
-    """
-    return objective or str(recipe_defaults(recipe).get("objective", "grpo"))
-
-
-def preset_recipe_config(preset: str, recipe: str) -> dict[str, Any]:
-    """The recipe config keys a preset sets (the flows merge it into the requests they send, so
-    their curriculum and dev checks read the config the trainer trains with)."""
-    return dict(CPU_RECIPE_CONFIG.get(recipe, {})) if preset == "cpu" else {}
-
-
-def recipe_derived_defaults(
-    recipe: str, recipe_config: dict[str, Any], tokens_per_step: int
-) -> dict[str, Any]:
-    """Defaults a recipe derives from its own config, so the two never disagree.
-
-    ``max_turns`` = the recipe's episode cap (EVO-RAG's ``t_max``, when-to-search's ``max_turns``)
-    and a ``token_budget`` that fits that many search steps (:func:`hoprl.recipes.evo_rag.
-    trainer_defaults`: per step, the generated tokens plus ``top_k`` documents). Imported here, not
-    at the top: the recipes pull in torch, and this module is also the light HTTP client's contract.
-    """
-    if recipe not in ("evo-rag", "when-to-search"):
-        return {}
-    from hoprl.recipes.evo_rag import INFO_TOKENS_PER_DOC, trainer_defaults
-    from hoprl.recipes.when_to_search import WhenToSearchConfig
-
-    try:
-        if recipe == "evo-rag":
-            derived = trainer_defaults(recipe_config, tokens_per_step)
-        else:
-            cfg = WhenToSearchConfig(**recipe_config)
-            per_step = tokens_per_step + cfg.top_k * INFO_TOKENS_PER_DOC
-            derived = {"max_turns": min(cfg.max_turns, 64), "token_budget": cfg.max_turns * per_step}
-    except (ValueError, TypeError):  # an invalid recipe_config: the job reports the recipe's own error
-        return {}
-    return derived | {"token_budget": min(derived["token_budget"], MAX_TOKEN_BUDGET)}
 
 
 class Hyperparameters(BaseModel):
@@ -178,16 +73,21 @@ class Hyperparameters(BaseModel):
     )
     dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
-    max_turns: int = Field(
-        4,
+    max_steps: int = Field(
+        SHAPE_DEFAULTS["paper"].max_steps,
         ge=1,
         le=64,
         description="agent steps per episode; unset: the recipe's cap (EVO-RAG T_max 20, when-to-search 5), "
         "cpu preset 4, else 4",
     )
-    max_new_tokens_per_step: int = Field(64, ge=1, le=4096)
+    max_new_tokens_per_step: int = Field(
+        SHAPE_DEFAULTS["paper"].max_new_tokens_per_step,
+        ge=1,
+        le=4096,
+        description="new tokens per agent step",
+    )
     token_budget: int = Field(
-        512,
+        SHAPE_DEFAULTS["paper"].token_budget,
         ge=16,
         le=MAX_TOKEN_BUDGET,
         description="context growth per episode (generated + injected tokens); unset: EVO-RAG and "
@@ -270,78 +170,6 @@ class Hyperparameters(BaseModel):
         "(configs/accelerate/<name>.yaml)",
     )
 
-    def resolved(self, recipe: str, objective: str | None = None) -> Hyperparameters:
-        """A copy with every unset field filled (module docstring for the order of the layers).
-
-        A field is unset when the request left it out or sent null. ``recipe_config`` merges key by
-        key: the request's keys over the cpu preset's over the paper's. ``objective`` unset is the
-        recipe's paper objective (:func:`recipe_objective`), so ``(recipe, objective)`` defaults match
-        the objective the job will train with.
-        """
-        objective = recipe_objective(recipe, objective)
-        values = self.model_dump()
-        unset = {k for k, v in values.items() if v is None or k not in self.model_fields_set}
-        # the paper's learning rate is its RL objective's: an SFT warm start keeps the generic 3e-4
-        skip = {"objective", "learning_rate"} if objective == "sft" else {"objective"}
-        paper = {k: v for k, v in recipe_defaults(recipe).items() if k not in skip}
-        scaled = preset_recipe_config(self.preset, recipe)
-        values["recipe_config"] = {**paper.pop("recipe_config", {}), **scaled, **values["recipe_config"]}
-        preset = CPU_PRESET if self.preset == "cpu" else {}
-        if preset and objective != "sft":
-            preset = {**preset, "learning_rate": CPU_RL_LEARNING_RATE}
-
-        def fill(layer: dict[str, Any]) -> None:
-            for key, value in layer.items():
-                if key in unset:
-                    values[key] = value
-                    unset.discard(key)
-
-        for layer in (preset, objective_defaults(recipe, objective), paper):
-            fill(layer)
-        # derived from the recipe's config with the per-step tokens the layers above settled
-        fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
-        fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
-              "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
-              "preference_model": False})  # fmt: skip
-        return Hyperparameters.model_validate(values)
-
-
-#: How a pipeline's phases decode one episode shape: training rollouts sample at the job's
-#: ``temperature`` (Search-R1's 1.0); dev checks and every evaluation (baselines, final) decode
-#: greedily; none of them decodes under the recipe's action grammar (the policy a local pipeline
-#: starts serves /v1/answer free), so a format error counts alike in training, dev and evaluation.
-EVAL_TEMPERATURE = 0.0
-
-
-def episode_shape(hp: Hyperparameters) -> dict[str, int]:
-    """The episode limits of a resolved job (:meth:`Hyperparameters.resolved`), as
-    :class:`hoprl.agent.runner.RunOptions` fields: the one source of the trainer's rollouts, the
-    flows' dev checks and the /v1/answer limits of a local pipeline's policy.
-
-    >>> episode_shape(Hyperparameters(preset="cpu").resolved("search-r1"))
-    {'max_steps': 4, 'max_new_tokens_per_step': 96, 'token_budget': 1152}
-    """
-    return {
-        "max_steps": hp.max_turns,
-        "max_new_tokens_per_step": hp.max_new_tokens_per_step,
-        "token_budget": hp.token_budget,
-    }
-
-
-def job_episode_shape(request: dict[str, Any]) -> dict[str, int]:
-    """:func:`episode_shape` of a job request as JSON (what the flows send to the trainer)."""
-    job = JobRequest.model_validate(request)
-    return episode_shape(job.hyperparameters.resolved(job.recipe, job.objective))
-
-
-def reward_scaling(hp: Hyperparameters, objective: str) -> str:
-    """TRL's ``scale_rewards``: as set, else ``none`` for ``dr_grpo`` and ``group`` otherwise.
-
-    TRL's ``loss_type="dr_grpo"`` only changes the length normalisation; Dr. GRPO (Liu et al., 2025)
-    also drops the division by the group's reward std, so the objective sets both.
-    """
-    return hp.scale_rewards or ("none" if objective == "dr_grpo" else "group")
-
 
 def _nullable(schema: dict[str, Any]) -> None:
     """The OpenAPI document says what the validator accepts: the field's values or null (= unset)."""
@@ -349,11 +177,8 @@ def _nullable(schema: dict[str, Any]) -> None:
 
 
 def _recipe_names(schema: dict[str, Any]) -> None:
-    """Lists the recipes in the OpenAPI document (an enum), imported only when the document is built:
-    the recipes pull in torch, and the trainer's light HTTP client imports this module."""
-    from hoprl.recipes import RECIPES
-
-    schema["enum"] = sorted(RECIPES)
+    """Lists the recipes in the OpenAPI document (an enum; the registry's names, hoprl.domain)."""
+    schema["enum"] = sorted(RECIPE_NAMES)
 
 
 class JudgeSpec(BaseModel):

@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from hoprl.agent.tokens import episode_messages
-from hoprl.agent.trajectory import Episode
+from hoprl.domain import Episode
 from hoprl.recipes.evo_rag import EvoRagConfig, episode_step_rewards
 
 log = logging.getLogger("hoprl.trainer.dpo")

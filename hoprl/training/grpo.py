@@ -52,9 +52,9 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from hoprl.agent.trajectory import Episode
-from hoprl.schemas import Question
-from hoprl.schemas.trainer import Hyperparameters, reward_scaling
+from hoprl.domain import Episode, Question
+from hoprl.jobspec import reward_scaling
+from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.hardware import common_args, per_process
 from hoprl.training.rollout import AgentRollout
 

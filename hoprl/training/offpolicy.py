@@ -52,11 +52,10 @@ import torch
 from transformers import set_seed
 from trl.trainer.utils import disable_dropout_in_model
 
-from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Episode, Question
 from hoprl.generation.chat import EngineChat
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
 from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer
@@ -207,7 +206,7 @@ class OffPolicyTrainer:
         rng = random.Random(f"{self.request.seed}:{step}")  # the same draw when a resumed job replays it
         groups = rng.sample(self.train_questions, self.hp.questions_per_step)
         if self.hp.rollout_seed:  # each episode samples from this seed plus its index (run_episode)
-            self.rollout.opts.episode["seed"] = rng.randrange(2**31)
+            self.rollout.opts.sampling["seed"] = rng.randrange(2**31)
         if self.siblings:
             return self.sibling_episodes(step, groups, began)
         weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
@@ -232,7 +231,8 @@ class OffPolicyTrainer:
             try:
                 return await run_sibling_episodes(self.recipe, groups, EngineChat(engine), retriever,
                                                   opts.collection, k=opts.num_generations,
-                                                  concurrency=opts.concurrency, **opts.episode)  # fmt: skip
+                                                  concurrency=opts.concurrency, shape=opts.shape,
+                                                  **opts.sampling)  # fmt: skip
             finally:
                 await retriever.aclose()
 

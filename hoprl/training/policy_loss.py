@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from trl.trainer.utils import selective_log_softmax
 
-from hoprl.agent.trajectory import TokenTrajectory
+from hoprl.domain import TokenTrajectory
 
 #: verl's epsilon in its GRPO advantage (``compute_grpo_outcome_advantage``, ``epsilon=1e-6``)
 VERL_EPS = 1e-6

@@ -3,7 +3,7 @@
 One cohesive module over ~400 lines: the algorithm (samples, critic, GAE, loss, step, its
 checkpoint files) reads best in one place, and every part is used only by the others.
 
-A trajectory is a :class:`~hoprl.agent.trajectory.TokenTrajectory`: prompt ids, completion ids and a
+A trajectory is a :class:`~hoprl.domain.TokenTrajectory`: prompt ids, completion ids and a
 mask (1 = the policy generated the token, 0 = injected text such as retrieved documents or chat
 template tokens). Its rewards are EVO-RAG's per-step rewards ``R_t``
 (:func:`hoprl.recipes.evo_rag.episode_step_rewards`), one per policy step.
@@ -73,7 +73,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, pad, selective_log_softmax
 
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode, TokenTrajectory
+from hoprl.domain import Episode, TokenTrajectory
 from hoprl.recipes.evo_rag import EvoRagConfig, episode_step_rewards
 
 log = logging.getLogger("hoprl.trainer.ppo")

@@ -60,7 +60,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer
 
-from hoprl.agent.trajectory import Episode
+from hoprl.domain import Episode
 from hoprl.embedding import default_model_path
 from hoprl.recipes.evo_rag import SIGNALS, EvoRagConfig, Stage, step_weights
 from hoprl.training.dpo import candidate_values, sibling_groups

@@ -20,7 +20,7 @@ import torch
 from transformers import TrainerCallback
 
 from hoprl.agent.tokens import episode_messages
-from hoprl.agent.trajectory import Episode
+from hoprl.domain import Episode
 from hoprl.recipes.base import RewardFunc, versioned
 from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRagConfig, Stage, step_weights
 from hoprl.training.preference import (

@@ -48,10 +48,10 @@ from transformers import set_seed
 
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Action, Episode, Question, RetrievedDoc, Step
 from hoprl.generation.chat import EngineChat
-from hoprl.recipes.base import Action
+from hoprl.jobspec import reward_scaling
 from hoprl.recipes.r2ag import (
     Forest,
     RetrievalTree,
@@ -63,8 +63,7 @@ from hoprl.recipes.r2ag import (
     tree_to_dict,
 )
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
-from hoprl.schemas.trainer import Hyperparameters, JobRequest, reward_scaling
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
 from hoprl.training.policy_loss import clipped_loss, group_advantages, level_advantages
 from hoprl.training.rollout import RolloutOptions, TrainingEngine, generation_mode
@@ -250,15 +249,16 @@ class R2agRounds:
         g = self.opts.num_generations
         cap = self.hp.max_new_tokens_per_step
         # one response per episode: the budget is the response cap, so only the cap cuts it
-        episode_opts = self.opts.episode | {"max_new_tokens_per_step": cap, "token_budget": cap}
-        episode_opts.pop("max_steps", None)
+        shape = self.opts.shape.model_copy(
+            update={"max_steps": 1, "max_new_tokens_per_step": cap, "token_budget": cap}
+        )
 
         async def one(index: int, tree: RetrievalTree) -> list[Episode]:
             question = self.by_id[tree.question_id]
             recipe = TreeRecipe(self.recipe, tree_messages(self.recipe, question, tree))
             eps = await run_episodes(recipe, [question], chat, retriever, self.opts.collection,
-                                     n_samples=g, concurrency=self.opts.concurrency, max_steps=1,
-                                     **episode_opts)  # fmt: skip
+                                     n_samples=g, concurrency=self.opts.concurrency, shape=shape,
+                                     **self.opts.sampling)  # fmt: skip
             found = tree.found_titles()
             out = []
             for ep in eps:

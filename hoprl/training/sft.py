@@ -8,7 +8,7 @@ The expert data goes through the **same path as an RL rollout**: :class:`ExpertC
 recipe's ``expert_segments(question)`` (or asks its ``expert_reader(question)``, an expert that
 reads the results, where the recipe has one) as the "model" of the episode runner, which runs them
 against the real retriever (so the injected ``<information>`` is what the policy will see at RL
-time) and records an :class:`~hoprl.agent.trajectory.Episode`;
+time) and records an :class:`~hoprl.domain.Episode`;
 :func:`~hoprl.agent.tokens.to_token_trajectory` turns it into token ids and the policy mask.
 Each example is pre-tokenized (``input_ids`` = prompt + completion, ``completion_mask`` = 0 on
 the prompt and on every injected or template token, 1 on assistant text), and TRL's SFTTrainer
@@ -33,14 +33,16 @@ from trl import SFTConfig, SFTTrainer
 
 from hoprl.agent.runner import run_episode
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode
-from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
-from hoprl.schemas import Question
+from hoprl.domain import MAX_BUDGET, Completion, Episode, EpisodeShape, Question
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.hardware import common_args, per_process
 
 log = logging.getLogger("hoprl.trainer")
+
+#: an expert episode's shape: the script decides its steps, so the limits are the widest a shape
+#: holds (EVO-RAG's expert takes up to 20 steps) and never cut a scripted segment
+EXPERT_SHAPE = EpisodeShape(max_steps=20, max_new_tokens_per_step=32768, token_budget=MAX_BUDGET)
 
 
 class ExpertChat:
@@ -77,8 +79,7 @@ async def expert_episodes(
         reader = getattr(recipe, "expert_reader", lambda _: None)(q)
         chat = ExpertChat(reader or recipe.expert_segments(q, noise=noise, seed=seed + i))
         async with semaphore:
-            return await run_episode(recipe, q, chat, retriever, collection, max_steps=20,
-                                     token_budget=1 << 20, max_new_tokens_per_step=1 << 16)  # fmt: skip
+            return await run_episode(recipe, q, chat, retriever, collection, shape=EXPERT_SHAPE)
 
     try:
         episodes = list(await asyncio.gather(*(one(i, q) for i, q in enumerate(questions))))

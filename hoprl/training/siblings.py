@@ -40,11 +40,8 @@ from typing import Any
 
 from hoprl.agent.runner import AgentRecipe, ChatModel, RunOptions, _Run
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode, Step, TokenTrajectory
-from hoprl.clients.llm import Completion
 from hoprl.clients.retriever import AsyncRetrieverClient
-from hoprl.recipes.base import Action
-from hoprl.schemas import Question
+from hoprl.domain import Action, Completion, Episode, Question, Step, TokenTrajectory
 from hoprl.training.policy_loss import VERL_EPS, group_advantages
 
 #: the episode's meta key: per step (a string of ``t``), the siblings' Step dumps
@@ -72,8 +69,8 @@ class SiblingRun(_Run):
         (a search retrieves) without touching the episode or its token budget."""
         seed = None if self.seed is None else self.seed + 7919 * j
         (completion,) = await self.llm.chat(
-            self.messages, stop=list(self.recipe.stop), max_tokens=self.max_tokens,
-            temperature=self.opts.temperature, top_p=self.opts.top_p, seed=seed,
+            self.messages, stop=self.stop, max_tokens=self.max_tokens,
+            temperature=self.opts.shape.temperature, top_p=self.opts.top_p, seed=seed,
         )  # fmt: skip
         if completion.finish_reason == "length" and not getattr(self.recipe, "accept_truncated", False):
             action = Action("format_error", error=f"segment cut at max_tokens={self.max_tokens}")

@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
-from hoprl.agent.trajectory import Episode, TokenTrajectory
+from hoprl.domain import Episode, TokenTrajectory
 from hoprl.generation.engines import Generation, Prompt, SamplingParams, find_stop
 from hoprl.generation.rows import tokens_through
 from hoprl.training import distributed

@@ -25,13 +25,12 @@ import openai
 
 from hoprl.agent.runner import run_episode
 from hoprl.agent.tokens import to_token_trajectory
-from hoprl.agent.trajectory import Episode, TokenTrajectory
 from hoprl.clients.http import ServiceError
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Episode, EpisodeShape, Question, TokenTrajectory
 from hoprl.generation.chat import Constraint, EngineChat, chat_tokens
 from hoprl.generation.engines import Engine, Generation
 from hoprl.recipes import RECIPES, get_recipe
-from hoprl.schemas import Question
 from hoprl.schemas.policy import AnswerRequest, AnswerResponse, Citation, Rollout, RolloutRequest, Timings
 from services.errors import ApiError
 from services.policy.settings import PolicySettings
@@ -127,8 +126,9 @@ class Policy:
             raise ApiError(422, "empty_question", "question is empty; send at least one word")
         self.bounded("question_chars", len(question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
         recipe = self.recipe(body.recipe or s.default_recipe)
-        steps = body.max_steps or min(s.default_max_steps, s.max_steps)
-        max_steps = self.bounded("max_steps", steps, s.max_steps, "POLICY_MAX_STEPS")
+        if body.max_steps is not None:
+            self.bounded("max_steps", body.max_steps, s.max_steps, "POLICY_MAX_STEPS")
+        shape, limited = self.answer_shape(body)
         chars = len(question) + sum(len(p.title) + len(p.text) for p in body.paragraphs)
         self.bounded("prompt_chars", chars, s.max_prompt_chars, "POLICY_MAX_PROMPT_CHARS")
         collection = body.collection or s.default_collection
@@ -136,14 +136,10 @@ class Policy:
         q = Question(
             id=uuid.uuid4().hex, dataset="api", split="serve", question=question, paragraphs=body.paragraphs
         )
-        constraint = self.constraint(body, recipe, max_steps)
+        constraint = self.constraint(body, recipe, shape)
         chat = EngineChat(self.engine, deadline=time.monotonic() + s.request_timeout_s, constraint=constraint)
         with self.admitted():
-            run = self.episode(
-                recipe, q, collection, chat, max_steps=max_steps, temperature=body.temperature,
-                top_p=body.top_p, seed=body.seed, max_new_tokens_per_step=s.max_tokens_per_step,
-                token_budget=s.token_budget,
-            )  # fmt: skip
+            run = self.episode(recipe, q, collection, chat, shape=shape, top_p=body.top_p, seed=body.seed)
             ep = await within(s.request_timeout_s, run)
         return AnswerResponse(
             answer=ep.final_answer,
@@ -160,13 +156,40 @@ class Policy:
             model=self.model_id,
             constrained=bool(chat.grammars) and None not in chat.grammars,
             grammar=chat.grammars[0] if chat.grammars and None not in chat.grammars else None,
+            shape=shape.model_copy(update={"grammar": constraint is not None}),
+            limited=limited,
         )
 
-    def constraint(self, body: AnswerRequest, recipe: Any, max_steps: int) -> Constraint | None:
-        """The grammar constraint of an answer request: the request's ``constrained``, else the
-        setting (on by default); an engine that cannot constrain serves free unless the request asks."""
-        wanted = self.settings.constrained_decoding if body.constrained is None else body.constrained
-        if not wanted:
+    def answer_shape(self, body: AnswerRequest) -> tuple[EpisodeShape, list[str]]:
+        """The episode an answer runs: the request's shape (a protocol's), else the service's
+        (:meth:`PolicySettings.serving_shape`), with the request's own ``max_steps``, ``temperature``
+        and ``constrained`` over it; then each limit above the service's lowered to it, named in the
+        returned list."""
+        s = self.settings
+        update: dict[str, Any] = {}
+        if body.max_steps is not None:
+            update["max_steps"] = body.max_steps
+        if body.shape is None or "temperature" in body.model_fields_set:
+            update["temperature"] = body.temperature
+        if body.constrained is not None:
+            update["grammar"] = body.constrained
+        shape = (body.shape or s.serving_shape()).model_copy(update=update)
+        limited = []
+        for name, cap, setting in (
+            ("max_steps", s.max_steps, "POLICY_MAX_STEPS"),
+            ("max_new_tokens_per_step", s.max_new_tokens_per_step, "POLICY_MAX_NEW_TOKENS_PER_STEP"),
+            ("token_budget", s.token_budget, "POLICY_TOKEN_BUDGET"),
+        ):
+            if getattr(shape, name) > cap:
+                limited.append(f"{name} {getattr(shape, name)} -> {cap} ({setting})")
+                shape = shape.model_copy(update={name: cap})
+        return shape, limited
+
+    def constraint(self, body: AnswerRequest, recipe: Any, shape: EpisodeShape) -> Constraint | None:
+        """The grammar constraint of an answer's ``shape`` (its ``grammar``: the request's
+        ``constrained``, else the shape's, else the setting, on by default); an engine that cannot
+        constrain serves free unless the request asks."""
+        if not shape.grammar:
             return None
         if not self.engine.constrains:
             if body.constrained:
@@ -176,10 +199,13 @@ class Policy:
                     "send constrained=false",
                 )  # fmt: skip
             return None
-        cap = min(max_steps, getattr(recipe, "max_steps", max_steps))
-        s = self.settings
+        cap = min(shape.max_steps, getattr(recipe, "max_steps", shape.max_steps))
         return Constraint(
-            recipe.name, cap, s.max_tokens_per_step, s.token_budget, chat_tokens(self.engine.tokenizer)
+            recipe.name,
+            cap,
+            shape.max_new_tokens_per_step,
+            shape.token_budget,
+            chat_tokens(self.engine.tokenizer),
         )
 
     async def rollouts(self, body: RolloutRequest) -> list[Rollout]:
@@ -199,17 +225,14 @@ class Policy:
             self.bounded("question_chars", len(q.question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
             chars = len(q.question) + sum(len(p.title) + len(p.text) for p in q.paragraphs)
             self.bounded("prompt_chars", chars, s.max_prompt_chars, "POLICY_MAX_PROMPT_CHARS")
-        self.bounded("max_tokens", sp.max_tokens, s.max_tokens_per_step, "POLICY_MAX_TOKENS_PER_STEP")
-        self.bounded("max_steps", sp.max_steps, s.max_steps, "POLICY_MAX_STEPS")
-        budget = self.bounded(
-            "token_budget", sp.token_budget or s.token_budget, s.token_budget, "POLICY_TOKEN_BUDGET"
-        )
+        shape = sp.shape
+        self.bounded("max_new_tokens_per_step", shape.max_new_tokens_per_step, s.max_new_tokens_per_step,
+                     "POLICY_MAX_NEW_TOKENS_PER_STEP")  # fmt: skip
+        self.bounded("max_steps", shape.max_steps, s.max_steps, "POLICY_MAX_STEPS")
+        self.bounded("token_budget", shape.token_budget, s.token_budget, "POLICY_TOKEN_BUDGET")
         await self.check_collection(body.collection)
         deadline = time.monotonic() + s.request_timeout_s
-        options = {
-            "max_steps": sp.max_steps, "max_new_tokens_per_step": sp.max_tokens, "token_budget": budget,
-            "temperature": sp.temperature, "top_p": sp.top_p, "seed": sp.seed, "search_mode": sp.search_mode,
-        }  # fmt: skip
+        options = {"shape": shape, "top_p": sp.top_p, "seed": sp.seed}
 
         async def one(question: Question, sample: int) -> Rollout:
             chat = EngineChat(self.engine, deadline=deadline, logprobs=True)

@@ -21,10 +21,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from hoprl.agent.trajectory import Episode
+from hoprl.domain import Episode, Question
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.lockstep import Lockstep
-from hoprl.schemas import Question
 from hoprl.schemas.policy import (
     AnswerBatchRequest,
     AnswerBatchResponse,
@@ -77,20 +76,23 @@ async def lockstep_answers(policy: Policy, body: AnswerBatchRequest) -> tuple[li
     s = policy.settings
     questions = questions_of(policy, body.questions)
     recipe = policy.recipe(body.recipe or s.default_recipe)
-    max_steps = policy.bounded(
-        "max_steps", body.max_steps or min(s.default_max_steps, s.max_steps), s.max_steps, "POLICY_MAX_STEPS"
-    )
+    if body.max_steps is not None:
+        policy.bounded("max_steps", body.max_steps, s.max_steps, "POLICY_MAX_STEPS")
     collection = body.collection or s.default_collection
     await policy.check_collection(collection)
-    one = AnswerRequest(question=questions[0].question, constrained=body.constrained)
-    constraint = policy.constraint(one, recipe, max_steps)
+    one = AnswerRequest(
+        question=questions[0].question,
+        max_steps=body.max_steps,
+        constrained=body.constrained,
+        shape=body.shape,
+    )
+    shape, limited = policy.answer_shape(one)
+    shape = shape.greedy()  # lock-step rounds are repeatable only greedy
+    constraint = policy.constraint(one, recipe, shape)
     deadline = time.monotonic() + s.request_timeout_s
     rounds = Lockstep(policy.engine, len(questions))
     chats = [rounds.chat(i, deadline=deadline, constraint=constraint) for i in range(len(questions))]
-    options: dict[str, Any] = {
-        "max_steps": max_steps, "temperature": 0.0,
-        "max_new_tokens_per_step": s.max_tokens_per_step, "token_budget": s.token_budget,
-    }  # fmt: skip
+    options: dict[str, Any] = {"shape": shape}
     with policy.admitted():
         work = asyncio.gather(*(
             rounds.run(i, policy.episode(recipe, q, collection, chats[i], **options))
@@ -98,7 +100,9 @@ async def lockstep_answers(policy: Policy, body: AnswerBatchRequest) -> tuple[li
         ))  # fmt: skip
         episodes = await within(s.request_timeout_s, work)
     answers = [
-        response(policy, ep, chat, recipe.name, body.return_trace)
+        response(policy, ep, chat, recipe.name, body.return_trace).model_copy(
+            update={"shape": shape.model_copy(update={"grammar": constraint is not None}), "limited": limited}
+        )
         for ep, chat in zip(episodes, chats, strict=True)
     ]
     return answers, len(rounds.rounds)

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from hoprl.domain import SHAPE_DEFAULTS, EpisodeShape
 from services.settings import ServiceSettings
 
 EngineName = Literal["auto", "transformers", "vllm", "openai"]
@@ -84,13 +85,21 @@ class PolicySettings(ServiceSettings):
         "/v1/rollouts); 20 lets an evaluation run EVO-RAG's episodes to its cap T_max = 20 (its App. A.2)",
     )
     default_max_steps: int = Field(
-        10,
+        SHAPE_DEFAULTS["serving"].max_steps,
         ge=1,
-        description="agent steps of a /v1/answer episode whose request names no max_steps "
+        description="agent steps of a /v1/answer episode whose request names neither max_steps nor a shape "
         "(at most max_steps)",
     )
-    max_tokens_per_step: int = Field(256, ge=1, description="new tokens per agent step")
-    token_budget: int = Field(2048, ge=1, description="context growth per episode (tokens)")
+    max_new_tokens_per_step: int = Field(
+        SHAPE_DEFAULTS["serving"].max_new_tokens_per_step,
+        ge=1,
+        description="new tokens per agent step: the serving shape's, and the most a request's shape gets",
+    )
+    token_budget: int = Field(
+        SHAPE_DEFAULTS["serving"].token_budget,
+        ge=1,
+        description="context growth per episode (tokens): the serving shape's, and the most a shape gets",
+    )
     max_rollouts: int = Field(256, ge=1, description="questions x n_samples per /v1/rollouts request")
     request_timeout_s: float = Field(120.0, gt=0, description="/v1/answer and /v1/rollouts -> 504 after it")
     max_concurrent_generations: int = Field(
@@ -130,6 +139,18 @@ class PolicySettings(ServiceSettings):
         "so the model always writes a parsable action; a request's `constrained` overrides it. Rollouts and "
         "training are never constrained",
     )
+
+    def serving_shape(self) -> EpisodeShape:
+        """The episode of a /v1/answer whose request names no shape: SHAPE_DEFAULTS["serving"] with
+        these settings' steps, tokens a step, budget and grammar."""
+        return SHAPE_DEFAULTS["serving"].model_copy(
+            update={
+                "max_steps": min(self.default_max_steps, self.max_steps),
+                "max_new_tokens_per_step": self.max_new_tokens_per_step,
+                "token_budget": self.token_budget,
+                "grammar": self.constrained_decoding,
+            }
+        )
 
     @field_validator("engine", mode="after")
     @classmethod

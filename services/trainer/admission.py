@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hoprl.data.hub import HUB
 from hoprl.generation.model import is_checkpoint
+from hoprl.jobspec import resolve
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.errors import ApiError
@@ -128,7 +129,7 @@ def check_limits(request: JobRequest, hp: Hyperparameters, settings: TrainerSett
 
 def admit(request: JobRequest, settings: TrainerSettings, registry: Registry) -> JobRequest:
     """``request`` with its paths checked and made absolute, its sizes within the limits; else 4xx."""
-    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    hp = resolve(request.hyperparameters, request.recipe, request.objective)
     check_limits(request, hp, settings)
     check_machine(request, hp, settings)
     updates = {"dataset": admit_dataset(request.dataset, settings)}

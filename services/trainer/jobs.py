@@ -38,14 +38,15 @@ from hoprl.clients.judge import RemoteJudge
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
 from hoprl.data.sources import load
+from hoprl.domain import Question
 from hoprl.evaluation import corpus_collection, ensure_indexed
 from hoprl.generation.model import resolve_model
+from hoprl.jobspec import episode_shape, resolve
 from hoprl.judging import JudgeLedger, RulesJudge
 from hoprl.recipes import get_recipe, reward_weights
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
-from hoprl.schemas.trainer import Hyperparameters, JobRequest, episode_shape
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training import distributed
 from hoprl.training.callbacks import STATE_FILE, Curricula, RunCallback, latest_complete_checkpoint
 from hoprl.training.rollout import RolloutOptions
@@ -59,7 +60,7 @@ NO_RETRIEVAL = {"arena"}
 
 def submit(registry: Registry, request: JobRequest) -> RunRow:
     """Queue ``request`` as a new run: the request and its resolved hyperparameters are the config."""
-    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    hp = resolve(request.hyperparameters, request.recipe, request.objective)
     config = {"request": request.model_dump(mode="json"), "hyperparameters": hp.model_dump(mode="json")}
     return registry.create_run(f"job-{uuid.uuid4().hex[:12]}", recipe=request.recipe,
                                objective=request.objective, model=request.model or "default",
@@ -260,6 +261,6 @@ def rollout_options(request: JobRequest, hp: Hyperparameters, collection: str,
     """How every RL objective rolls out: one definition, so GRPO, PPO and DPO episodes match."""
     return RolloutOptions(
         collection=collection, retriever_url=settings.retriever_url, num_generations=hp.num_generations,
-        episode={**episode_shape(hp), "temperature": hp.temperature, "search_mode": hp.search_mode},
+        shape=episode_shape(hp),
         dynamic_sampling=bool(hp.dynamic_sampling), max_resample=hp.max_resample, seed=request.seed,
     )  # fmt: skip

@@ -34,7 +34,7 @@ def test_the_environment_reads_back_as_the_same_settings(monkeypatch: pytest.Mon
         monkeypatch.setenv(key, value)
     from_env = PolicySettings()
     assert from_env == PolicySettings.model_validate(values)
-    assert (from_env.eager, from_env.kv_cache_gib, from_env.max_tokens_per_step) == (True, 1, 32)
+    assert (from_env.eager, from_env.kv_cache_gib, from_env.max_new_tokens_per_step) == (True, 1, 32)
 
 
 def hold(megabytes: int, *argv: str) -> subprocess.Popen[bytes]:

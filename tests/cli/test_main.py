@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
-from hoprl.schemas import Paragraph, Question
+from hoprl.domain import Episode, Paragraph, Question, RetrievedDoc, Step
 from tests.conftest import shared_file
 
 GOLD = ["Jane Roe"]

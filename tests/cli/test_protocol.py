@@ -28,7 +28,7 @@ def test_arena_protocol_on_two_hotpotqa_questions(tmp_path: Path) -> None:
         "POLICY_MODEL_CACHE": str(ROOT / ".hoprl/models/smollm2-135m-instruct"),  # converted once
         "RETRIEVER_STORAGE_PATH": str(tmp_path / "qdrant"),
         "POLICY_ENGINE": "transformers",  # the default (auto) would start vLLM where it is installed
-        "POLICY_MAX_TOKENS_PER_STEP": "64",  # short answers: the test checks the protocol, not the model
+        "POLICY_MAX_NEW_TOKENS_PER_STEP": "64",  # short answers: the test checks the protocol, not the model
     }
     args = ["eval-answers", "--protocol", "arena", "--limit", "2", "--data-dir", str(data), "--json"]
     out = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,

@@ -16,9 +16,8 @@ from cli import pipeline as pipeline_cli
 from cli.main import app
 from cli.train import follow
 from hoprl.clients.trainer import TrainerClient
-from hoprl.configs import load_config
+from hoprl.jobspec import CPU_PRESET, load_config
 from hoprl.registry.store import Registry
-from hoprl.schemas.trainer import CPU_PRESET
 from services.local import LocalServer
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings

@@ -1,6 +1,6 @@
 """One episode shape: the trainer's rollouts, the dev checks and /v1/answer read the same limits.
 
-``make run``'s shape by hand (the cpu preset, hoprl/schemas/trainer.py): 4 steps of 96 tokens and
+``make run``'s shape by hand (the cpu preset, hoprl/domain/shape.py): 4 steps of 96 tokens and
 1152 tokens of context growth, 5 documents a search (when-to-search's top-k). Training samples at
 1.0 (Search-R1's temperature); dev checks and evaluations are greedy; none is grammar-constrained.
 Each test fails when its phase takes a limit from anywhere but the run's shape.
@@ -11,13 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from flows.pipeline import job_request, run_shape
 from flows.rollouts import collect_rollouts
 from flows.stack import service_env
-from flows.training import dev_options, segment_request
+from flows.training import dev_options, dev_shape, segment_request
+from hoprl.domain import EpisodeShape
+from hoprl.jobspec import job_episode_shape, resolve
 from hoprl.recipes import get_recipe
-from hoprl.schemas.trainer import JobRequest, job_episode_shape
+from hoprl.schemas.trainer import JobRequest
 from services.policy.settings import PolicySettings, installed_engine
 from services.trainer.jobs import rollout_options
 from services.trainer.settings import TrainerSettings
@@ -34,26 +37,36 @@ def request() -> dict:
 
 def test_the_run_records_make_runs_shape() -> None:
     shape = run_shape(PARAMS)
-    assert {k: shape[k] for k in SHAPE} == SHAPE
-    assert shape["documents_per_search"] == 5 and shape["constrained"] is False
-    assert shape["temperature"] == {"train": 1.0, "dev": 0.0, "eval": 0.0}
-    assert shape["stop"] == list(get_recipe("when-to-search").stop)
+    assert shape.limits() == SHAPE
+    assert shape.top_k == 5 and shape.grammar is False and shape.search_mode == "hybrid"
+    assert shape.temperature == 1.0 and shape.greedy().temperature == 0.0
+    assert shape.greedy().limits() == SHAPE
+    assert shape.stop == tuple(get_recipe("when-to-search").stop)
+
+
+def test_the_shape_is_frozen_and_names_each_field_once() -> None:
+    shape = run_shape(PARAMS)
+    with pytest.raises(ValidationError):
+        shape.max_steps = 9  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="max_turns"):
+        EpisodeShape.model_validate({**SHAPE, "max_turns": 4})  # one name per field
+    assert EpisodeShape.model_validate(shape.model_dump(mode="json")) == shape  # stored, read back whole
 
 
 def test_training_rollouts_read_the_shape(tmp_path: Path) -> None:
     """Every segment's request resolves, in the trainer, to rollouts of the run's shape at 1.0."""
     body = segment_request(request(), "ckpt", 2, 2)
     job = JobRequest.model_validate(body)
-    hp = job.hyperparameters.resolved(job.recipe, job.objective)
+    hp = resolve(job.hyperparameters, job.recipe, job.objective)
     settings = TrainerSettings(runs_dir=tmp_path, retriever_url="http://127.0.0.1:9")
-    episode = rollout_options(job, hp, "c", settings).episode
-    assert {k: episode[k] for k in SHAPE} == SHAPE and episode["temperature"] == 1.0
+    shape = rollout_options(job, hp, "c", settings).shape
+    assert shape.limits() == SHAPE and shape.temperature == 1.0 and shape.grammar is False
 
 
 def test_dev_checks_read_the_shape_greedily() -> None:
-    options = dev_options(request(), 2, "model-id")
-    assert {k: options[k] for k in SHAPE} == SHAPE and options["temperature"] == 0.0
-    assert options["recipe_config"]["switch_step"] == 0  # stage 2 from its first step
+    shape = dev_shape(request())
+    assert shape.limits() == SHAPE and shape.temperature == 0.0 and shape.grammar is False
+    assert dev_options(request(), 2, "model-id")["recipe_config"]["switch_step"] == 0  # stage 2 at once
 
 
 def test_a_collection_without_a_shape_is_refused() -> None:
@@ -69,9 +82,9 @@ def test_the_local_policy_answers_in_the_shape(tmp_path: Path, monkeypatch: pyte
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("POLICY_ENGINE", raising=False)
     settings = PolicySettings()
-    served = {"max_steps": settings.max_steps, "max_new_tokens_per_step": settings.max_tokens_per_step,
+    served = {"max_steps": settings.max_steps, "max_new_tokens_per_step": settings.max_new_tokens_per_step,
               "token_budget": settings.token_budget}  # fmt: skip
     assert served == SHAPE and settings.constrained_decoding is False
-    assert get_recipe("when-to-search").top_k == run_shape(PARAMS)["documents_per_search"]
+    assert get_recipe("when-to-search").top_k == run_shape(PARAMS).top_k
     # the default engine (vllm where installed), eager, its KV cache sized for 16 such episodes
     assert (settings.engine, settings.eager, settings.kv_cache_gib) == (installed_engine(), True, 2)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from flows.evaluate import judge_answers, predictions
-from hoprl.schemas import Question
+from hoprl.domain import Question
 
 
 def test_refusing_an_unanswerable_question_is_correct(tmp_path: Path) -> None:

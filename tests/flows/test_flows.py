@@ -198,7 +198,7 @@ def test_train_runs_segments_and_switches_stage(
         "hyperparameters": {
             "questions_per_step": 2,
             "num_generations": 2,
-            "max_turns": 2,
+            "max_steps": 2,
             "max_new_tokens_per_step": 8,
             "token_budget": 64,
             "max_train_questions": 4,
@@ -246,7 +246,7 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
 
     from flows.training import SegmentJobs
 
-    run_id, hp = "killed", {"questions_per_step": 2, "num_generations": 2, "max_turns": 2,
+    run_id, hp = "killed", {"questions_per_step": 2, "num_generations": 2, "max_steps": 2,
                             "max_new_tokens_per_step": 8, "token_budget": 64}  # fmt: skip
     args: dict[str, Any] = {"model": tiny_model, "steps": 4, "segments": 2, "sft_steps": 1, "limit": LIMIT,
             "eval_limit": 2, "dev_limit": 2, "hyperparameters": hp, "run_id": run_id}  # fmt: skip

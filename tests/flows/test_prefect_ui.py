@@ -37,7 +37,7 @@ from hoprl.ports import free_port
 from hoprl.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
-HP = {"questions_per_step": 2, "num_generations": 2, "max_turns": 2, "max_new_tokens_per_step": 8,
+HP = {"questions_per_step": 2, "num_generations": 2, "max_steps": 2, "max_new_tokens_per_step": 8,
       "token_budget": 64}  # fmt: skip
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 

@@ -15,8 +15,8 @@ from matplotlib.text import Text
 
 from flows.report import accuracy_figure, markdown_table
 from flows.runs import registry
+from hoprl.domain import Question
 from hoprl.registry import Prediction
-from hoprl.schemas import Question
 
 # (label, recipe, per-question EM): three evaluations on the same point (EM 0, 1 retrieval)
 EVALUATIONS = [

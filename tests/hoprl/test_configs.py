@@ -10,9 +10,10 @@ from typing import get_args
 
 import pytest
 
-from hoprl.configs import SMALL, ConfigError, load_config, merge, read_config
+from hoprl.configs import SMALL, ConfigError, merge, read_config
+from hoprl.jobspec import CPU_PRESET, load_config, resolve
 from hoprl.recipes import get_recipe
-from hoprl.schemas.trainer import CPU_PRESET, Distributed, Hyperparameters
+from hoprl.schemas.trainer import Distributed, Hyperparameters
 from services.trainer.admission import check_limits
 from services.trainer.settings import TrainerSettings
 
@@ -60,7 +61,7 @@ def test_the_paper_size_config_is_a_gpu_job_the_trainer_admits(name: str) -> Non
     # within every TRAINER_MAX_* default (or the raised ones the config names), so `hoprl train` is
     # not refused by a trainer set up as the config says
     settings = TrainerSettings(**RAISED.get(name, {}))
-    check_limits(request, hp.resolved(request.recipe, request.objective), settings)
+    check_limits(request, resolve(hp, request.recipe, request.objective), settings)
 
 
 @pytest.mark.parametrize("name", PAPERS)
@@ -68,7 +69,7 @@ def test_small_is_a_cpu_run_with_the_cpu_presets_sizes(name: str) -> None:
     request = load_config(config(name), small=True)
     assert request.recipe == name and request.model is None and request.dataset == "synthetic"
     assert request.steps <= 10
-    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    hp = resolve(request.hyperparameters, request.recipe, request.objective)
     defaults = Hyperparameters()
     assert hp.preset == "cpu" and hp.generation == "transformers" and hp.processes == 1
     assert hp.distributed is None
@@ -77,15 +78,15 @@ def test_small_is_a_cpu_run_with_the_cpu_presets_sizes(name: str) -> None:
         defaults.vllm_gpu_memory_utilization,
     )
     assert {k: getattr(hp, k) for k in CPU_PRESET} == CPU_PRESET
-    paper = load_config(config(name)).hyperparameters.resolved(request.recipe, request.objective)
+    paper = resolve(load_config(config(name)).hyperparameters, request.recipe, request.objective)
     for key in ("learning_rate", "beta", "kl_estimator", "epsilon", "epsilon_high", "dynamic_sampling"):
         assert getattr(hp, key) == getattr(paper, key), f"{name}: --small changed {key}"  # sizes only
     assert request.objective == load_config(config(name)).objective
 
 
 def test_evo_rag_small_keeps_its_schedule_inside_the_short_episode() -> None:
-    hp = load_config(config("evo-rag"), small=True).hyperparameters.resolved("evo-rag", "grpo")
-    assert hp.recipe_config == {"t_max": CPU_PRESET["max_turns"], "top_k": 3}
+    hp = resolve(load_config(config("evo-rag"), small=True).hyperparameters, "evo-rag", "grpo")
+    assert hp.recipe_config == {"t_max": CPU_PRESET["max_steps"], "top_k": 3}
 
 
 @pytest.mark.parametrize("name", PAPERS)

@@ -15,6 +15,7 @@ import yaml
 
 from cli.train import add_arguments, job_request
 from hoprl.configs import MACHINE, SMALL, paper_defaults, read_config
+from hoprl.jobspec import resolve
 from hoprl.protocols import HEADLINES, markdown
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 
@@ -162,7 +163,7 @@ def cli_request(recipe: str) -> dict[str, Any]:
 def training_settings(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The objective and resolved training settings the trainer derives from a request body."""
     request = JobRequest.model_validate(body)
-    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    hp = resolve(request.hyperparameters, request.recipe, request.objective)
     return request.objective, {k: v for k, v in hp.model_dump().items() if k not in MACHINE}
 
 
@@ -175,11 +176,11 @@ def test_a_bare_job_trains_at_the_papers_rate_group_and_lengths_not_the_generic_
     """R2AG App. B.2 (lr 1e-6, 12 responses a tree, 4,096 output tokens); ARENA App. E (lr 3e-6,
     7 rollouts, temperature 0.9); when-to-search Table 5 (32 rollouts, 16,384-token responses)."""
     generic = Hyperparameters()
-    r2ag = JobRequest(recipe="r2ag").hyperparameters.resolved("r2ag")
+    r2ag = resolve(JobRequest(recipe="r2ag").hyperparameters, "r2ag")
     assert (r2ag.learning_rate, r2ag.num_generations, r2ag.max_new_tokens_per_step) == (1e-6, 12, 4096)
-    arena = JobRequest(recipe="arena").hyperparameters.resolved("arena")
+    arena = resolve(JobRequest(recipe="arena").hyperparameters, "arena")
     assert (arena.learning_rate, arena.num_generations, arena.temperature) == (3e-6, 7, 0.9)
-    wts = JobRequest(recipe="when-to-search").hyperparameters.resolved("when-to-search")
+    wts = resolve(JobRequest(recipe="when-to-search").hyperparameters, "when-to-search")
     assert (wts.num_generations, wts.token_budget) == (32, 16384)
     assert generic.num_generations == 4 and generic.learning_rate is None  # what they were before
 
@@ -192,5 +193,5 @@ def test_the_paper_preset_reads_the_config_file(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "r2ag.yaml").write_text(text)
     monkeypatch.setenv("HOPRL_CONFIGS_DIR", str(tmp_path))
     assert paper_defaults("r2ag")["learning_rate"] == 2e-6
-    assert JobRequest(recipe="r2ag").hyperparameters.resolved("r2ag").learning_rate == 2e-6
+    assert resolve(JobRequest(recipe="r2ag").hyperparameters, "r2ag").learning_rate == 2e-6
     assert paper_defaults("evo-rag") == {}  # the folder has no evo-rag.yaml: the generic values

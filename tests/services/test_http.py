@@ -66,7 +66,7 @@ def make_apps(tmp: Path, retriever_url: str) -> dict[str, FastAPI]:
                 retriever_url=retriever_url,
                 max_tokens=4,
                 max_steps=1,
-                max_tokens_per_step=4,
+                max_new_tokens_per_step=4,
                 token_budget=64,
             )
         ),

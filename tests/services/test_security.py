@@ -80,7 +80,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Servic
             policy_settings = PolicySettings(
                 engine="transformers", model=model, retriever_url=r.url, default_collection=COLLECTION,
                 default_recipe="naive-rag", admin_token=ADMIN_TOKEN, max_tokens=8, max_steps=2,
-                max_tokens_per_step=16, token_budget=512,
+                max_new_tokens_per_step=16, token_budget=512,
             )  # fmt: skip
             policy = create_policy(policy_settings)
             with LocalServer(judge) as j, LocalServer(trainer) as t, LocalServer(policy) as p:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hoprl.data.synthetic.schema import Hop, SyntheticQuestion
 from hoprl.data.synthetic.world import FACTS, Entity, World, aliases, build_world
-from hoprl.schemas import Paragraph
+from hoprl.domain import Paragraph
 
 DATASET = "synthetic"
 PARAGRAPHS_PER_QUESTION = 10

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from hoprl.schemas import Paragraph, Question
+from hoprl.domain import Paragraph, Question
 
 
 class Hop(BaseModel):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from hoprl.schemas import Paragraph
+from hoprl.domain import Paragraph
 
 
 @dataclass(frozen=True)

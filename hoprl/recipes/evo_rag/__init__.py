@@ -36,7 +36,7 @@ The sequence reward is ``R = sum_t R_t`` (:func:`hoprl.recipes.rewards.sequence_
 GAE and GRPO's per-step group normalisation take the ``R_t`` themselves
 (:meth:`EvoRag.step_rewards`).
 
-Episodes run up to ``T_max = 20`` steps (the trainer's ``max_turns`` default for this recipe is
+Episodes run up to ``T_max = 20`` steps (the trainer's ``max_steps`` default for this recipe is
 derived from ``t_max``: :func:`trainer_defaults`), so ``p(t)`` reaches 1, ``r_act`` can fire from
 ``p(t) >= 0.3`` (step 7 of 20) and the late weights are reached. ``docs/recipes/evo-rag.md`` maps
 every mechanism of the paper to its code and test.
@@ -56,9 +56,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc
+from hoprl.domain import Action, Episode, Question, RetrievedDoc
 from hoprl.judging import Judge, RulesJudge
-from hoprl.recipes.base import Action, RewardFunc
+from hoprl.recipes.base import RewardFunc
 from hoprl.recipes.evo_rag.config import (
     INFO_TOKENS_PER_DOC,
     SCORE_VERSION,
@@ -80,7 +80,6 @@ from hoprl.recipes.evo_rag.reward import (
     score_episode,
     step_weights,
 )
-from hoprl.schemas import Question
 
 __all__ = [
     "INFO_TOKENS_PER_DOC", "SCORE_VERSION", "SIGNALS", "SYSTEM_PROMPT", "Curriculum", "EvoRag",

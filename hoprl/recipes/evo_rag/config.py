@@ -24,7 +24,7 @@ class EvoRagConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    t_max: int = Field(default=20, ge=2, le=64, description="episode cap T_max (the trainer's max_turns)")
+    t_max: int = Field(default=20, ge=2, le=64, description="episode cap T_max (the trainer's max_steps)")
     top_k: int = Field(default=3, ge=1, description="documents per SEARCH")
     act_p: float = Field(default=0.3, description="r_act applies when p(t) >= act_p")
     w_ret: tuple[float, float, float] = (2.0, 1.0, 0.5)
@@ -67,14 +67,14 @@ INFO_TOKENS_PER_DOC = 200
 def trainer_defaults(recipe_config: dict[str, Any], max_new_tokens_per_step: int = 64) -> dict[str, Any]:
     """The trainer's episode limits for this recipe, derived from its config (one source of truth).
 
-    ``max_turns = t_max`` (the paper's T_max = 20 by default), and a ``token_budget`` (context
+    ``max_steps = t_max`` (the paper's T_max = 20 by default), and a ``token_budget`` (context
     growth per episode) that lets all ``t_max`` steps be searches: per step, the generated tokens
     plus ``top_k`` documents of :data:`INFO_TOKENS_PER_DOC`. With the defaults:
     20 * (64 + 3 * 200) = 13280 tokens.
 
     >>> trainer_defaults({"t_max": 5, "top_k": 2}, max_new_tokens_per_step=32)
-    {'max_turns': 5, 'token_budget': 2160}
+    {'max_steps': 5, 'token_budget': 2160}
     """
     cfg = EvoRagConfig(**recipe_config)
     per_step = max_new_tokens_per_step + cfg.top_k * INFO_TOKENS_PER_DOC
-    return {"max_turns": cfg.t_max, "token_budget": cfg.t_max * per_step}
+    return {"max_steps": cfg.t_max, "token_budget": cfg.t_max * per_step}

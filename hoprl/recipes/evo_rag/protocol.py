@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import random
 
-from hoprl.agent.parsing import parse_tags
-from hoprl.agent.trajectory import RetrievedDoc
 from hoprl.data.synthetic import hops_for
-from hoprl.recipes.base import Action
-from hoprl.schemas import Question
+from hoprl.domain import Action, Question, RetrievedDoc
+from hoprl.recipes.parsing import parse_tags
 
 SYSTEM_PROMPT = """You answer multi-hop questions by searching a document collection step by step.
 Each turn, reason briefly inside <think>...</think>, then take exactly one action:

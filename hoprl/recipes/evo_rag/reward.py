@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.judging import Judge
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.recipes.base import RewardFunc, versioned

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc
-from hoprl.recipes.base import Action, RewardFunc
+from hoprl.domain import Action, Episode, Question, RetrievedDoc
+from hoprl.recipes.base import RewardFunc
 from hoprl.recipes.r2ag.config import KIND_OF_TAG, L_MAX, SCORE_VERSION, SIGNALS, TAGS, R2agConfig
 from hoprl.recipes.r2ag.forest import (
     Forest,
@@ -53,7 +53,6 @@ from hoprl.recipes.r2ag.reward import (
     score_episode,
 )
 from hoprl.recipes.rewards import normalize_title
-from hoprl.schemas import Question
 
 __all__ = [
     "END", "KIND_OF_TAG", "L_MAX", "NO_PREDICTION", "SCORE_VERSION", "SIGNALS", "STOP_QUERY",

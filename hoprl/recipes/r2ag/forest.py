@@ -30,9 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hoprl.agent.trajectory import RetrievedDoc, Step
+from hoprl.domain import Question, RetrievedDoc, Step
 from hoprl.recipes.rewards import normalize_title
-from hoprl.schemas import Question
 
 
 @dataclass

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import re
 
-from hoprl.agent.parsing import outside_text, parse_tags
-from hoprl.agent.trajectory import RetrievedDoc
 from hoprl.data.synthetic import hops_for
-from hoprl.recipes.base import Action
+from hoprl.domain import Action, Question, RetrievedDoc
+from hoprl.recipes.parsing import outside_text, parse_tags
 from hoprl.recipes.r2ag.config import KIND_OF_TAG, TAGS
-from hoprl.schemas import Question
 
 END = "<end/>"
 STOP_QUERY = "stop retrieval"

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from hoprl.agent.parsing import parse_tags
-from hoprl.agent.trajectory import Episode, Step
+from hoprl.domain import Episode, Step
 from hoprl.recipes.base import RewardFunc, versioned
+from hoprl.recipes.parsing import parse_tags
 from hoprl.recipes.r2ag.config import KIND_OF_TAG, SCORE_VERSION, SIGNALS, TAGS, R2agConfig
 from hoprl.recipes.rewards import (
     episode_reward,

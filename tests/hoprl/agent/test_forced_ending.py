@@ -20,13 +20,12 @@ from typing import Any
 import pytest
 
 from hoprl.agent.grammar import Turn, grammar
-from hoprl.agent.trajectory import RetrievedDoc
 from hoprl.data.synthetic import generate, hops_for
+from hoprl.domain import Question, RetrievedDoc
 from hoprl.generation.chat import Constraint, EngineChat, chat_tokens
 from hoprl.generation.engines import Generation
 from hoprl.generation.model import resolve_model
 from hoprl.recipes import get_recipe
-from hoprl.schemas import Question
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -210,10 +209,10 @@ def test_the_cpu_preset_holds_the_experts_episodes(tokenizer: Any) -> None:
     their answer at the cpu preset's shape, 4 steps of 96 within 1152, on the first 60 test
     questions with an answer. At the old 64 a step within 512, 7 of the 60 were cut (measured: turns
     of 65-66 tokens, and two-search episodes past the budget; 96 within 512 still cut 5)."""
-    from hoprl.schemas.trainer import CPU_PRESET
+    from hoprl.jobspec import CPU_PRESET
 
     questions = [q for q in generate(seed=0, max_hops=2)["test"] if q.answers][:60]
-    shape = (CPU_PRESET["max_turns"], CPU_PRESET["max_new_tokens_per_step"], CPU_PRESET["token_budget"])
+    shape = (CPU_PRESET["max_steps"], CPU_PRESET["max_new_tokens_per_step"], CPU_PRESET["token_budget"])
     assert shape == (4, 96, 1152)
     assert cut_share(tokenizer, questions, *shape) == 0.0
     assert cut_share(tokenizer, questions, 4, 64, 512) > 0.1

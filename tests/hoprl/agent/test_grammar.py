@@ -20,10 +20,10 @@ from transformers import AutoTokenizer
 
 from hoprl.agent.grammar import GRAMMARS, Turn, grammar
 from hoprl.data.synthetic import generate
+from hoprl.domain import Question
 from hoprl.generation.model import resolve_model
 from hoprl.generation.rows import allowed_tokens
 from hoprl.recipes import RECIPES, get_recipe
-from hoprl.schemas import Question
 
 ROOT = Path(__file__).resolve().parents[3]
 Tokenizers = tuple[Any, Any]  # (the transformers tokenizer, llguidance's)

@@ -8,14 +8,14 @@ from typing import Any, ClassVar
 import pytest
 
 from hoprl.agent.runner import run_episode
-from hoprl.agent.trajectory import Episode
 from hoprl.clients.llm import LLMClient
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
-from hoprl.recipes.base import Action
+from hoprl.domain import Action, Episode, Question
 from hoprl.recipes.baselines import SearchR1
-from hoprl.schemas import Document, Question
+from hoprl.schemas import Document
 from services.local import LocalServer
 from tests import scripted_llm as scripted
+from tests.conftest import shape
 
 COLLECTION = "runner-limits"
 Q = Question(id="q1", dataset="t", split="dev", question="Who founded Acme Records?", answers=["Jane Roe"])
@@ -49,6 +49,9 @@ def url(retriever_url: str) -> str:
     return retriever_url
 
 
+SHAPE_KEYS = ("max_steps", "max_new_tokens_per_step", "token_budget", "temperature", "search_mode")
+
+
 def episode(
     url: str, script: list[str], recipe: Any = None, server: dict[str, Any] | None = None, **options: Any
 ) -> tuple[Episode, Any]:
@@ -58,7 +61,10 @@ def episode(
         llm = LLMClient(llm_url, model="scripted", timeout=30, retries=0)
         retriever = AsyncRetrieverClient(url)
         try:
-            return await run_episode(recipe or SearchR1(), Q, llm, retriever, COLLECTION, **options)
+            limits = {k: options.pop(k) for k in SHAPE_KEYS if k in options}
+            return await run_episode(
+                recipe or SearchR1(), Q, llm, retriever, COLLECTION, shape=shape(**limits), **options
+            )
         finally:
             await llm.aclose()
             await retriever.aclose()

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 
 from hoprl.agent.runner import run_episode, run_episodes
-from hoprl.agent.trajectory import Episode
 from hoprl.clients.llm import LLMClient
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
 from hoprl.data.synthetic import SyntheticQuestion, generate, hops_for
+from hoprl.domain import Episode
 from hoprl.embedding import get_embedder
 from hoprl.recipes import get_recipe
 from hoprl.schemas import Document
 from services.local import LocalServer
 from tests import scripted_llm as scripted
+from tests.conftest import shape
 
 COLLECTION = "runner-e2e"
 JUNK = "\n<information>a model that keeps talking past its stop</information>"
@@ -95,9 +96,8 @@ def test_expert_episode_for_every_recipe(
                 COLLECTION,
                 n_samples=2,
                 concurrency=4,
-                max_steps=8,
+                shape=shape(max_steps=8, temperature=0.7),
                 seed=11,
-                temperature=0.7,
             ),
             server.url + "/v1",
             retriever_url,
@@ -138,7 +138,9 @@ def test_naive_rag_retrieves_first(questions: list[SyntheticQuestion], retriever
     app = scripted.create_app({q.question: recipe.expert_segments(q)})
     with LocalServer(app) as server:
         ep = run(
-            lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION), server.url + "/v1", retriever_url
+            lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION, shape=shape()),
+            server.url + "/v1",
+            retriever_url,
         )
     (step,) = ep.steps
     assert step.queries == [q.question] and len(step.docs[0]) == recipe.top_k
@@ -153,6 +155,8 @@ def test_arena_needs_no_retrieval(questions: list[SyntheticQuestion], retriever_
     app = scripted.create_app({q.question: recipe.expert_segments(q)})
     with LocalServer(app) as server:
         ep = run(
-            lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION), server.url + "/v1", retriever_url
+            lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION, shape=shape()),
+            server.url + "/v1",
+            retriever_url,
         )
     assert ep.outcome == "answer" and ep.retrieval_count == 0 and ep.timings["retrieval"] == 0.0

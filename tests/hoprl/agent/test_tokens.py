@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hoprl.agent.tokens import episode_messages, to_token_trajectory
-from hoprl.agent.trajectory import Episode, Step
+from hoprl.domain import Episode, Step
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from hoprl.clients.llm import Completion, LLMClient, expected_close, restore_stop
+from hoprl.clients.llm import LLMClient, expected_close, restore_stop
+from hoprl.domain import Completion
 from services.local import LocalServer
 from tests import scripted_llm as scripted
 

@@ -12,7 +12,7 @@ from flows.data import dataset_name, sampling, split_questions, write_splits
 from hoprl.data.jsonl import DataError, load_questions
 from hoprl.data.mixtures import TrainingData, build, paper_spec, paper_training_set, question_key
 from hoprl.data.sources import load
-from hoprl.schemas import Question
+from hoprl.domain import Question
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT.parent / "shared" / "data"

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, Step
 from hoprl.data.synthetic import Hop, SyntheticQuestion
+from hoprl.domain import Episode, Paragraph, Question, Step
 from hoprl.recipes import get_recipe
 from hoprl.recipes.arena import Arena, expert_analysis, make_arena_reward
-from hoprl.schemas import Paragraph, Question
 
 PARAGRAPHS = [
     Paragraph(title=f"T{i}", text=f"text {i}", is_gold=i in (2, 4)) for i in range(1, 6)

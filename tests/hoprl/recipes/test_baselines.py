@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.data.synthetic import Hop, SyntheticQuestion, generate, hops_for
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.recipes import RECIPES, get_recipe
 from hoprl.recipes.baselines import NaiveRAG, SearchR1, exact_match_reward, format_docs, hop_fact
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, Step
+from hoprl.domain import Episode, Step
 from hoprl.recipes import get_recipe
 from hoprl.recipes.eval_rar import EvalRAR, answer_reward, evaluate_text, make_evaluate_reward
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.agent.trajectory import RetrievedDoc
 from hoprl.data.synthetic import generate
+from hoprl.domain import RetrievedDoc
+from hoprl.jobspec import resolve
 from hoprl.recipes.evo_rag import EvoRag, EvoRagConfig, step_weights
 
 
@@ -61,10 +62,10 @@ def test_a_training_episode_runs_to_t_max_and_reaches_the_late_signals(retriever
             Document(id="jane", title="Jane Roe", text="Jane Roe was born in Paris."),
         ])  # fmt: skip
     request = JobRequest(recipe="evo-rag", collection="evo-rag-tmax")
-    hp = request.hyperparameters.resolved("evo-rag")
+    hp = resolve(request.hyperparameters, "evo-rag")
     settings = TrainerSettings(retriever_url=retriever_url)
-    options = rollout_options(request, hp, "evo-rag-tmax", settings).episode
-    assert options["max_steps"] == 20
+    shape = rollout_options(request, hp, "evo-rag-tmax", settings).shape
+    assert shape.max_steps == 20
     queries = ["Acme Records founder", "Jane Roe birthplace"] + ["Acme Records founder"] * 18
     script = [f"<think>t</think><search>{q}</search>" for q in queries] + ["<answer>Paris</answer>"]
     recipe = EvoRag()
@@ -75,7 +76,7 @@ def test_a_training_episode_runs_to_t_max_and_reaches_the_late_signals(retriever
         llm = LLMClient(llm_url, model="scripted", timeout=30, retries=0)
         retriever = AsyncRetrieverClient(retriever_url)
         try:
-            return await run_episode(recipe, question, llm, retriever, "evo-rag-tmax", **options)
+            return await run_episode(recipe, question, llm, retriever, "evo-rag-tmax", shape=shape)
         finally:
             await llm.aclose()
             await retriever.aclose()

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.domain import Episode, Paragraph, Question, RetrievedDoc, Step
 from hoprl.recipes import get_recipe
 from hoprl.recipes.scoring import score_episodes
-from hoprl.schemas import Paragraph, Question
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme Records: founded by Jane Roe.\n</information>"

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from hoprl.agent.runner import run_episode
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
 from hoprl.data.corpus import pool
 from hoprl.data.synthetic import generate, hops_for
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.evaluation import ensure_indexed
 from hoprl.recipes.r2ag import (
     SIGNALS,
@@ -49,6 +49,7 @@ from hoprl.training.sft import ExpertChat, expert_episodes
 from services.local import LocalServer
 from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
+from tests.conftest import shape
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 TAG = {"base": "base-Q", "predicted": "predicted-Q"}
@@ -520,7 +521,9 @@ def test_stop_signal_never_reaches_the_retriever(world: dict[str, Any], tmp_path
         async def scripted(segments: list[str]) -> Episode:
             retriever = AsyncRetrieverClient(server.url)
             try:
-                return await run_episode(recipe, q, ExpertChat(segments), retriever, "r2ag-stop", max_steps=6)
+                return await run_episode(
+                    recipe, q, ExpertChat(segments), retriever, "r2ag-stop", shape=shape(max_steps=6)
+                )
             finally:
                 await retriever.aclose()
 

@@ -1,7 +1,7 @@
 """Reward direction: scripted behaviours must come out in the order each paper argues for.
 
 One table, one row per (recipe, better behaviour, worse behaviour). Every behaviour is a scripted
-:class:`~hoprl.agent.trajectory.Episode` on one two-hop question (ARENA: a one-turn completion
+:class:`~hoprl.domain.Episode` on one two-hop question (ARENA: a one-turn completion
 over numbered references), scored by the recipe's own rewards through
 :func:`hoprl.recipes.scoring.score_episodes`, the path the trainer takes (weighted total of
 ``reward_funcs()``). The expected order comes from DESIGN.md §1's formulas and the argument each
@@ -28,10 +28,9 @@ from typing import Any
 import pytest
 import torch
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.domain import Episode, Paragraph, Question, RetrievedDoc, Step
 from hoprl.recipes import get_recipe
 from hoprl.recipes.scoring import score_episodes
-from hoprl.schemas import Paragraph, Question
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.embedding import get_embedder
 from hoprl.recipes.rewards import (
     episode_reward,

@@ -7,13 +7,12 @@ import itertools
 import numpy as np
 import pytest
 
-from hoprl.agent.trajectory import Episode, Step
 from hoprl.data.synthetic import Hop, generate, hops_for
+from hoprl.domain import Episode, Question, Step
 from hoprl.embedding import get_embedder
 from hoprl.judging import Verdict
 from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import Curriculum, WhenToSearch, is_concise, keyword_query, well_formed
-from hoprl.schemas import Question
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme: founded by Jane Roe.\n</information>"

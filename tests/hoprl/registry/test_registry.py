@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.registry import Prediction, Registry, total_reward
 
 RUN = "run-1"

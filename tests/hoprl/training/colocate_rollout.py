@@ -24,6 +24,7 @@ from hoprl.data.synthetic import generate
 from hoprl.generation.chat import EngineChat
 from hoprl.recipes import get_recipe
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
+from tests.conftest import shape
 
 
 def main(model_path: str, retriever_url: str, collection: str, out: str) -> None:
@@ -53,8 +54,8 @@ def main(model_path: str, retriever_url: str, collection: str, out: str) -> None
         try:
             return await run_episodes(
                 get_recipe("search-r1"), generate(seed=0)["train"][:3], EngineChat(engine), retriever,
-                collection, n_samples=2, concurrency=8, max_steps=2, max_new_tokens_per_step=12,
-                token_budget=600, logprobs=True,
+                collection, n_samples=2, concurrency=8, logprobs=True,
+                shape=shape(max_steps=2, max_new_tokens_per_step=12, token_budget=600),
             )  # fmt: skip
         finally:
             await retriever.aclose()

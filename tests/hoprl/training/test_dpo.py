@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hoprl.agent.trajectory import Episode, Step
+from hoprl.domain import Episode, Step
 from hoprl.recipes.evo_rag import SIGNALS, EvoRagConfig, episode_step_rewards, step_weights
 from hoprl.training.dpo import DPOJobConfig, build_pairs, returns_to_go, sibling_groups, train_dpo
 

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hoprl.domain import Question
 from hoprl.recipes.baselines import SearchR1
-from hoprl.schemas import Question
 from hoprl.training.rollout import AgentRollout, RolloutOptions, TrainingEngine, spread
+from tests.conftest import shape
 
 
 class VariesOn(SearchR1):
@@ -36,7 +37,7 @@ def collect(recipe: Any, batch: list[Question], pool: list[Question], tiny_model
             retriever_url: str, collection: str) -> tuple[AgentRollout, Any]:  # fmt: skip
     opts = RolloutOptions(
         collection=collection, retriever_url=retriever_url, num_generations=3, dynamic_sampling=True,
-        max_resample=3, episode={"max_steps": 1, "max_new_tokens_per_step": 8, "token_budget": 64},
+        max_resample=3, shape=shape(max_steps=1, max_new_tokens_per_step=8, token_budget=64),
     )  # fmt: skip
     rollout = AgentRollout(recipe, pool, opts)
     engine = TrainingEngine(

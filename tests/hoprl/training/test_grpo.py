@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hoprl.recipes.base import Action
+from hoprl.domain import Action, Question
+from hoprl.jobspec import resolve
 from hoprl.recipes.baselines import SearchR1, generated_texts
 from hoprl.recipes.evo_rag import EvoRag
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.grpo import (
     HoprlGRPOTrainer,
@@ -25,6 +25,7 @@ from hoprl.training.grpo import (
     token_advantages,
 )
 from hoprl.training.rollout import AgentRollout, RolloutOptions
+from tests.conftest import shape
 
 
 class LengthRecipe(SearchR1):
@@ -67,16 +68,16 @@ def make_trainer(
     tiny_model: str, retriever_url: str, collection: str, questions: list[Question], tmp: Path,
     objective: str = "grpo", recipe: Any = None, steps: int = 2, **hp: Any,
 ) -> Any:  # fmt: skip
-    hp = {"learning_rate": 1e-2, "questions_per_step": 2, "num_generations": 3, "max_turns": 2,
+    hp = {"learning_rate": 1e-2, "questions_per_step": 2, "num_generations": 3, "max_steps": 2,
           "max_new_tokens_per_step": 12, "token_budget": 96, "save_steps": 100, **hp}  # fmt: skip
-    params = Hyperparameters(**hp).resolved("search-r1")
+    params = resolve(Hyperparameters(**hp), "search-r1")
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     recipe = recipe or LengthRecipe()
     opts = RolloutOptions(
         collection=collection, retriever_url=retriever_url, num_generations=params.num_generations,
-        episode={"max_steps": params.max_turns, "max_new_tokens_per_step": params.max_new_tokens_per_step,
-                 "token_budget": params.token_budget, "temperature": 1.0},
+        shape=shape(max_steps=params.max_steps, max_new_tokens_per_step=params.max_new_tokens_per_step,
+                    token_budget=params.token_budget, temperature=1.0),
         dynamic_sampling=bool(params.dynamic_sampling), max_resample=params.max_resample,
     )  # fmt: skip
     rollout = AgentRollout(recipe, questions, opts)
@@ -136,7 +137,7 @@ def test_the_loss_keeps_the_trainers_threads_after_a_rollout(
 def test_reward_scaling_follows_the_objective(
     objective: str, scale: str | None, expected: str, tmp_path: Path
 ) -> None:
-    hp = Hyperparameters(scale_rewards=scale).resolved("search-r1")  # type: ignore[arg-type]
+    hp = resolve(Hyperparameters(scale_rewards=scale), "search-r1")  # type: ignore[arg-type]
     assert grpo_config(hp, objective, steps=1, output_dir=str(tmp_path), seed=0).scale_rewards == expected
 
 
@@ -259,10 +260,10 @@ def test_k2_kl_in_training(estimator: str, tiny_model: str, retriever_url: str, 
 def test_arena_jobs_default_to_the_k2_kl() -> None:
     """ARENA's objective (DESIGN.md §1): GRPO with the k2 KL, so a job that leaves the estimator
     unset trains with k2 and a KL at all (beta > 0: at 0 no KL term is added); others keep TRL's k3."""
-    hp = Hyperparameters().resolved("arena")
+    hp = resolve(Hyperparameters(), "arena")
     assert hp.kl_estimator == "k2" and hp.beta is not None and hp.beta > 0
-    assert Hyperparameters().resolved("search-r1").kl_estimator == "k3"
-    assert Hyperparameters(kl_estimator="k3").resolved("arena").kl_estimator == "k3"  # a request wins
+    assert resolve(Hyperparameters(), "search-r1").kl_estimator == "k3"
+    assert resolve(Hyperparameters(kl_estimator="k3"), "arena").kl_estimator == "k3"  # a request wins
 
 
 class Capture(HoprlGRPOTrainer):
@@ -346,7 +347,7 @@ def test_each_steps_tokens_get_that_steps_advantage(tiny_model: str) -> None:
     """Step t's policy tokens carry A_t; injected documents and template tokens carry 0; a step
     without text owns no tokens."""
     from hoprl.agent.tokens import to_token_trajectory
-    from hoprl.agent.trajectory import Episode, Step
+    from hoprl.domain import Episode, Step
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     info = "\n<information>\nDoc 1 (Title: Acme) Acme was founded by Jane Roe.\n</information>\n"
@@ -451,31 +452,31 @@ def test_per_step_needs_step_rewards(
 
 
 def test_evo_rag_jobs_default_to_sibling_advantages() -> None:
-    assert Hyperparameters().resolved("evo-rag").advantage == "siblings"
-    assert Hyperparameters(advantage="per_step").resolved("evo-rag").advantage == "per_step"
-    assert Hyperparameters().resolved("search-r1").advantage == "sequence"
-    assert Hyperparameters(advantage="sequence").resolved("evo-rag").advantage == "sequence"
+    assert resolve(Hyperparameters(), "evo-rag").advantage == "siblings"
+    assert resolve(Hyperparameters(advantage="per_step"), "evo-rag").advantage == "per_step"
+    assert resolve(Hyperparameters(), "search-r1").advantage == "sequence"
+    assert resolve(Hyperparameters(advantage="sequence"), "evo-rag").advantage == "sequence"
 
 
 def test_the_config_trl_receives_for_vllm_rollouts_and_several_processes(tmp_path: Path) -> None:
     colocate = Hyperparameters(generation="vllm", questions_per_step=4, num_generations=5, processes=2)
-    args = grpo_config(colocate.resolved("search-r1"), "grpo", 3, str(tmp_path), 0)
+    args = grpo_config(resolve(colocate, "search-r1"), "grpo", 3, str(tmp_path), 0)
     assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
     assert args.vllm_importance_sampling_correction is True
     assert args.per_device_train_batch_size == 4 * 5 // 2  # the global batch split over the processes
     server = Hyperparameters(generation="vllm", vllm_mode="server", vllm_importance_sampling_correction=False)
-    args = grpo_config(server.resolved("search-r1"), "grpo", 3, str(tmp_path), 0)
+    args = grpo_config(resolve(server, "search-r1"), "grpo", 3, str(tmp_path), 0)
     assert (args.vllm_mode, args.vllm_server_base_url) == ("server", "http://127.0.0.1:8000")
     assert args.vllm_importance_sampling_correction is False
     named = Hyperparameters(generation="vllm", vllm_mode="server", vllm_server_url="http://gpu-2:8000")
-    assert grpo_config(named.resolved("search-r1"), "grpo", 3, str(tmp_path), 0).vllm_server_base_url == (
+    assert grpo_config(resolve(named, "search-r1"), "grpo", 3, str(tmp_path), 0).vllm_server_base_url == (
         "http://gpu-2:8000"
     )
-    plain = grpo_config(Hyperparameters().resolved("search-r1"), "grpo", 3, str(tmp_path), 0)
+    plain = grpo_config(resolve(Hyperparameters(), "search-r1"), "grpo", 3, str(tmp_path), 0)
     assert plain.use_vllm is False
     with pytest.raises(ValueError, match="split evenly"):
         grpo_config(
-            Hyperparameters(questions_per_step=3, processes=2).resolved("search-r1"),
+            resolve(Hyperparameters(questions_per_step=3, processes=2), "search-r1"),
             "grpo",
             3,
             str(tmp_path),

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hoprl.agent.trajectory import Episode, Step
+from hoprl.domain import Episode, Step
+from hoprl.jobspec import resolve
 from hoprl.recipes.evo_rag import SIGNALS, EvoRag, episode_step_rewards
 from hoprl.training.ppo import (
     PPOConfig,
@@ -199,9 +200,9 @@ def test_the_papers_ppo_defaults() -> None:
     assert (config.kl_coef, config.learning_rate, config.critic, config.critic_learning_rate) == (
         0.001, 1e-6, "separate", 1e-5,
     )  # fmt: skip
-    hp = Hyperparameters().resolved("evo-rag", "ppo")
+    hp = resolve(Hyperparameters(), "evo-rag", "ppo")
     assert (hp.beta, hp.learning_rate, hp.critic, hp.critic_learning_rate) == (0.001, 1e-6, "separate", 1e-5)
-    assert Hyperparameters(critic="shared").resolved("evo-rag", "ppo").critic == "shared"
+    assert resolve(Hyperparameters(critic="shared"), "evo-rag", "ppo").critic == "shared"
 
 
 def test_a_separate_critic_has_its_own_network_and_learning_rate(
@@ -239,14 +240,14 @@ def test_a_separate_critic_has_its_own_network_and_learning_rate(
 def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: Path) -> None:
     """The job loop with an evo-rag PPO request's resolved defaults: a ValueModel critic, two
     learning rates and a KL coefficient of 0.001 in the PPO config."""
+    from hoprl.domain import Question
     from hoprl.registry.store import Registry
-    from hoprl.schemas import Question
     from hoprl.schemas.trainer import JobRequest
     from hoprl.training.offpolicy import OffPolicyTrainer
     from hoprl.training.rollout import RolloutOptions
 
     request = JobRequest(recipe="evo-rag", objective="ppo", model=tiny_model)
-    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    hp = resolve(request.hyperparameters, request.recipe, request.objective)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     q = Question(id="q", dataset="t", split="train", question="Who founded Acme?", answers=["Jane Roe"])
     opts = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, Step
+from hoprl.domain import Episode, Step
 from hoprl.training.rollout import episode_stats
 
 

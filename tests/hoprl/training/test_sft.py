@@ -12,9 +12,10 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
+from hoprl.domain import Question
+from hoprl.jobspec import resolve
 from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import keyword_query
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.sft import CompletionHeadSFTTrainer, build_sft, expert_episodes, sft_config, sft_dataset
 
@@ -80,8 +81,8 @@ def test_the_cpu_preset_does_not_recompute_activations(tmp_path: Path) -> None:
 
     for preset, sft_expected in (("cpu", False), ("paper", True)):
         hp = Hyperparameters(preset=preset)
-        sft = sft_config(hp.resolved("when-to-search", "sft"), 2, str(tmp_path), 0)
-        rl = grpo_config(hp.resolved("when-to-search", "dapo"), "dapo", 2, str(tmp_path), 0)
+        sft = sft_config(resolve(hp, "when-to-search", "sft"), 2, str(tmp_path), 0)
+        rl = grpo_config(resolve(hp, "when-to-search", "dapo"), "dapo", 2, str(tmp_path), 0)
         assert sft.gradient_checkpointing is sft_expected and rl.gradient_checkpointing is True
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.recipes.evo_rag import EvoRag
 from hoprl.training.siblings import (
     SIBLINGS,

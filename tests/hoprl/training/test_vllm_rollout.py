@@ -29,12 +29,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Question
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.engines import SamplingParams
 from hoprl.ports import free_port
 from hoprl.recipes import get_recipe
-from hoprl.schemas import Question
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
+from tests.conftest import shape
 
 
 class GreedyGeneration:
@@ -121,8 +122,9 @@ def test_sampling_logprobs_lie_on_the_policys_tokens_only(
         retriever = AsyncRetrieverClient(retriever_url)
         try:
             return await run_episodes(get_recipe("search-r1"), synthetic["train"][:1], EngineChat(engine),
-                                      retriever, collection, max_steps=3, max_new_tokens_per_step=32,
-                                      token_budget=2000, logprobs=True)  # fmt: skip
+                                      retriever, collection, logprobs=True,
+                                      shape=shape(max_steps=3, max_new_tokens_per_step=32,
+                                                  token_budget=2000))  # fmt: skip
         finally:
             await retriever.aclose()
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.clients.judge import JudgeClient, RemoteJudge
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.judging import RULES_VERSION, Judge, RulesJudge, Verdict
 from hoprl.ports import free_port
 from hoprl.recipes.evo_rag import score_episode

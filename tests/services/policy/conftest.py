@@ -49,7 +49,7 @@ def small_settings(retriever_url: str, model_path: str, **overrides: object) -> 
         "max_tokens": 32,
         "max_n": 4,
         "max_steps": 3,
-        "max_tokens_per_step": 24,
+        "max_new_tokens_per_step": 24,
         "token_budget": 1024,
         "max_rollouts": 8,
         "max_question_chars": 300,
@@ -76,7 +76,7 @@ def policy_url(indexed: str, model_path: str) -> Iterator[str]:
 
 
 #: what a whole constrained step needs (the recipe grammars allow up to 256 tokens a step)
-ROOMY = {"max_steps": 3, "max_tokens": 256, "max_tokens_per_step": 256, "token_budget": 1536,
+ROOMY = {"max_steps": 3, "max_tokens": 256, "max_new_tokens_per_step": 256, "token_budget": 1536,
          "request_timeout_s": 900}  # fmt: skip
 VLLM_SETTINGS = {"engine": "vllm", "kv_cache_gib": 1, "eager": True, "max_batch": 16}
 

@@ -108,7 +108,7 @@ def test_concurrent_clients_all_succeed(policy_url: str) -> None:
 
 
 def test_timeout_answers_504(indexed: str, model_path: str) -> None:
-    settings = small_settings(indexed, model_path, request_timeout_s=0.05, max_tokens_per_step=24)
+    settings = small_settings(indexed, model_path, request_timeout_s=0.05, max_new_tokens_per_step=24)
     with (
         LocalServer(create_app(settings)) as server,
         PolicyClient(server.url) as policy,

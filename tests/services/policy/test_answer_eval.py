@@ -5,8 +5,8 @@ from __future__ import annotations
 from hoprl.answer_eval import AnswerSettings, evaluate_answers
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import doc_id
+from hoprl.domain import Paragraph, Question
 from hoprl.recipes import get_recipe
-from hoprl.schemas import Paragraph, Question
 from services.local import LocalServer
 from services.policy.app import create_app
 

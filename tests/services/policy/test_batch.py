@@ -16,9 +16,9 @@ import pytest
 from hoprl.answer_eval import evaluate_answers
 from hoprl.clients.policy import AsyncPolicyClient, PolicyClient
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Question
 from hoprl.generation.lockstep import lockstep_episodes
 from hoprl.recipes import get_recipe
-from hoprl.schemas import Question
 from hoprl.schemas.policy import AnswerResponse
 from services.local import LocalServer
 from services.policy.app import create_app
@@ -31,7 +31,7 @@ def tiny_settings(retriever_url: str, tiny_model: str, collection: str, **overri
     values: dict[str, Any] = {
         "engine": "transformers",  # the default (auto) may be vllm, which has no kernel for head_dim 16
         "model": tiny_model, "retriever_url": retriever_url, "default_collection": collection,
-        "default_recipe": "search-r1", "max_steps": 3, "max_tokens_per_step": 64, "token_budget": 512,
+        "default_recipe": "search-r1", "max_steps": 3, "max_new_tokens_per_step": 64, "token_budget": 512,
         "max_rollouts": 6, "max_question_chars": 200, "request_timeout_s": 120, **overrides,
     }  # fmt: skip
     return PolicySettings.model_validate(values)
@@ -75,8 +75,8 @@ def test_batch_repeats_and_equals_lockstep_episodes(
         retriever = AsyncRetrieverClient(retriever_url)
         try:
             return await lockstep_episodes(
-                get_recipe(recipe), questions, policy.engine, retriever, collection, max_steps=s.max_steps,
-                max_new_tokens_per_step=s.max_tokens_per_step, token_budget=s.token_budget, temperature=0.0,
+                get_recipe(recipe), questions, policy.engine, retriever, collection,
+                shape=s.serving_shape(),
             )  # fmt: skip
         finally:
             await retriever.aclose()

@@ -142,7 +142,8 @@ def test_rollouts_carry_the_engines_ids_and_logprobs(served: tuple[str, Any], mo
         {"id": f"q{i}", "dataset": "tiny", "split": "dev", "question": q} for i, q in enumerate(QUESTIONS)
     ]
     body = {"questions": questions, "recipe": "search-r1", "collection": COLLECTION, "n_samples": 2,
-            "sampling": {"temperature": 1.0, "max_tokens": 16, "max_steps": 2}}  # fmt: skip
+            "sampling": {"shape": {"max_steps": 2, "max_new_tokens_per_step": 16, "token_budget": 1024,
+                                   "temperature": 1.0}}}  # fmt: skip
     response = httpx.post(f"{url}/v1/rollouts", json=body, timeout=900)
     assert response.status_code == 200, response.text
     rollouts = response.json()["rollouts"]

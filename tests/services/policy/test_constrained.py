@@ -20,8 +20,8 @@ from hoprl.agent.grammar import GRAMMARS
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import pool
 from hoprl.data.jsonl import load_questions
+from hoprl.domain import Question
 from hoprl.recipes import RECIPES, get_recipe
-from hoprl.schemas import Question
 from services.local import LocalServer
 from services.policy.app import create_app
 
@@ -36,7 +36,7 @@ ENDS = {name: {"stop"} if name == "r2ag" else {"answer", "refuse"} for name in R
 def served(indexed: str, model_path: str) -> Iterator[str]:
     """The policy with room for a whole constrained step (the grammars need up to 256 tokens)."""
     settings = small_settings(
-        indexed, model_path, max_steps=3, max_tokens=256, max_tokens_per_step=256, token_budget=1536,
+        indexed, model_path, max_steps=3, max_tokens=256, max_new_tokens_per_step=256, token_budget=1536,
         request_timeout_s=900,
     )  # fmt: skip
     with LocalServer(create_app(settings)) as server:
@@ -106,7 +106,9 @@ def test_rollouts_stay_unconstrained(served: str) -> None:
     """A rollout's step is the model's free greedy text (what /v1/chat/completions gives for the same
     turn), not the grammar's: training must see the policy's own format mistakes."""
     question = {"id": "q1", "dataset": "tiny", "split": "dev", "question": QUESTIONS[0]}
-    sampling = {"temperature": 0.0, "max_tokens": 32, "max_steps": 1}
+    sampling = {
+        "shape": {"max_steps": 1, "max_new_tokens_per_step": 32, "token_budget": 1536, "temperature": 0.0}
+    }
     body = {"questions": [question], "recipe": "search-r1", "collection": COLLECTION, "sampling": sampling}
     rollout = httpx.post(f"{served}/v1/rollouts", json=body, timeout=600).json()["rollouts"][0]
     recipe = get_recipe("search-r1")
@@ -127,9 +129,9 @@ def test_rollouts_stay_unconstrained(served: str) -> None:
 def test_setting_off_and_an_engine_that_cannot_constrain(served: str, indexed: str, model_path: str) -> None:
     """POLICY_CONSTRAINED_DECODING=false serves free unless a request asks; the openai engine cannot
     constrain, so asking is a 422 and the default answers free, saying so."""
-    off = small_settings(indexed, model_path, max_tokens_per_step=256, constrained_decoding=False)
+    off = small_settings(indexed, model_path, max_new_tokens_per_step=256, constrained_decoding=False)
     remote = small_settings(
-        indexed, model_path, max_tokens_per_step=256, engine="openai", openai_base_url=f"{served}/v1"
+        indexed, model_path, max_new_tokens_per_step=256, engine="openai", openai_base_url=f"{served}/v1"
     )
     question = {"question": QUESTIONS[0], "recipe": "naive-rag", "max_steps": 1}
     with LocalServer(create_app(off)) as server, httpx.Client(base_url=server.url, timeout=600) as http:

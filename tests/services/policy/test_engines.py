@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from hoprl.domain import Question
 from hoprl.generation.engines import SamplingParams, find_stop
 from hoprl.generation.openai_engine import OpenAIEngine
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.generation.vllm_engine import VllmEngine
-from hoprl.schemas import Question
 
 CHAT = [{"role": "user", "content": "Name three colors."}]
 GREEDY = SamplingParams(max_tokens=12, temperature=0)

@@ -23,7 +23,7 @@ from .conftest import small_settings
 @pytest.fixture(scope="module")
 def fuzzed(indexed: str, model_path: str) -> Iterator[str]:
     tiny = small_settings(
-        indexed, model_path, max_tokens=4, max_tokens_per_step=4, max_steps=1, max_n=2, max_rollouts=2,
+        indexed, model_path, max_tokens=4, max_new_tokens_per_step=4, max_steps=1, max_n=2, max_rollouts=2,
         max_prompt_chars=2000, token_budget=64,
     )  # fmt: skip
     with LocalServer(create_app(tiny)) as server:

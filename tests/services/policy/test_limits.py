@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from hoprl.schemas import Paragraph, Question
+from hoprl.domain import Paragraph, Question
 
 from .conftest import COLLECTION
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from hoprl.clients.retriever import AsyncRetrieverClient
+from hoprl.domain import Question
 from hoprl.generation.engines import Generation, Prompt, SamplingParams
 from hoprl.generation.lockstep import Lockstep, lockstep_episodes
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import get_recipe
-from hoprl.schemas import Question
 
 from .conftest import COLLECTION
 

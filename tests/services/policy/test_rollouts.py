@@ -6,7 +6,8 @@ import httpx
 from transformers import AutoTokenizer
 
 from hoprl.clients.policy import PolicyClient
-from hoprl.schemas import Paragraph, Question
+from hoprl.domain import Paragraph, Question
+from tests.conftest import shape
 
 from .conftest import COLLECTION
 
@@ -22,7 +23,7 @@ QUESTIONS = [
 
 def test_rollouts_masks_ids_and_logprobs(policy_url: str, model_path: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    sampling = {"temperature": 1.0, "max_tokens": 16, "max_steps": 2}  # unseeded: episodes share batches
+    sampling = {"shape": shape(max_steps=2, max_new_tokens_per_step=16, token_budget=1024, temperature=1.0)}
     with PolicyClient(policy_url) as policy:
         reply = policy.rollouts(QUESTIONS, "search-r1", COLLECTION, n_samples=2, sampling=sampling)
     assert [(r.episode.question_id, r.episode.sample) for r in reply.rollouts] == [
@@ -46,7 +47,10 @@ def test_rollouts_masks_ids_and_logprobs(policy_url: str, model_path: str) -> No
 
 
 def test_seeded_rollouts_repeat(policy_url: str) -> None:
-    sampling = {"temperature": 1.0, "max_tokens": 12, "max_steps": 1, "seed": 3}
+    sampling = {
+        "shape": shape(max_steps=1, max_new_tokens_per_step=12, token_budget=1024, temperature=1.0),
+        "seed": 3,
+    }
     with PolicyClient(policy_url) as policy:
         first, again = (
             policy.rollouts(QUESTIONS[:1], "search-r1", COLLECTION, sampling=sampling) for _ in "ab"
@@ -59,7 +63,8 @@ def test_rollouts_reject_too_many_and_bad_limits(policy_url: str) -> None:
     body = {"questions": [q.model_dump() for q in QUESTIONS], "recipe": "search-r1", "collection": COLLECTION}
     too_many = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "n_samples": 5})
     assert too_many.status_code == 413 and too_many.json()["error"] == "batch_too_large"
-    long_steps = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "sampling": {"max_tokens": 999}})
-    assert long_steps.status_code == 422 and "POLICY_MAX_TOKENS_PER_STEP" in long_steps.json()["message"]
+    too_long = shape(max_steps=1, max_new_tokens_per_step=999, token_budget=1024).model_dump(mode="json")
+    long_steps = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "sampling": {"shape": too_long}})
+    assert long_steps.status_code == 422 and "POLICY_MAX_NEW_TOKENS_PER_STEP" in long_steps.json()["message"]
     unknown = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "recipe": "nope"})
     assert unknown.status_code == 422 and unknown.json()["error"] == "unknown_recipe"

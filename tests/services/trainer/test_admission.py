@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from hoprl.data.jsonl import DataError, load_questions, write_questions
+from hoprl.domain import Question
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from services.local import LocalServer
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from hoprl.clients.http import ServiceError
 from hoprl.clients.trainer import TrainerClient
 from hoprl.data.jsonl import write_questions
+from hoprl.domain import Question
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import JobRequest
 from services.local import LocalServer
 from services.trainer.app import create_app
@@ -37,7 +37,7 @@ def job(tiny_model: str, data: Path, collection: str, steps: int = 2) -> dict[st
     return {
         "recipe": "search-r1", "objective": "grpo", "model": tiny_model, "dataset": str(data),
         "collection": collection, "steps": steps,
-        "hyperparameters": {"questions_per_step": 2, "num_generations": 2, "max_turns": 2,
+        "hyperparameters": {"questions_per_step": 2, "num_generations": 2, "max_steps": 2,
                             "max_new_tokens_per_step": 8, "token_budget": 64, "save_steps": 10},
     }  # fmt: skip
 

@@ -12,13 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hoprl.agent.trajectory import Episode
 from hoprl.data.jsonl import write_questions
+from hoprl.domain import Action, Episode, Question
 from hoprl.recipes import RECIPES
-from hoprl.recipes.base import Action
 from hoprl.recipes.evo_rag import EvoRag
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import STATE_FILE
 from hoprl.training.ppo import VALUE_HEAD_FILE
@@ -66,7 +64,7 @@ def run(env: Env, model: str, collection: str, objective: str,
         steps: int = STEPS, seed: int = 0, **hp: Any) -> str:  # fmt: skip
     settings, registry, data = env
     params = Hyperparameters(
-        questions_per_step=GROUPS, num_generations=SAMPLES, max_turns=2, max_new_tokens_per_step=8,
+        questions_per_step=GROUPS, num_generations=SAMPLES, max_steps=2, max_new_tokens_per_step=8,
         token_budget=64, save_steps=1, eval_questions=1, learning_rate=1e-3, **{"rollout_seed": True, **hp},
     )  # fmt: skip
     request = JobRequest(recipe="evo-rag", objective=objective, model=model, dataset=str(data),

@@ -14,16 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, Step
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.jsonl import write_questions
+from hoprl.domain import Episode, Question, Step
 from hoprl.generation.model import resolve_model
 from hoprl.judging import JudgeLedger, judge_flag
 from hoprl.recipes import get_recipe
 from hoprl.recipes.scoring import score_episodes
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.judge import AnswerItem
 from hoprl.schemas.trainer import Hyperparameters, JobRequest, JudgeSpec
 from services.judge.app import create_app as create_judge
@@ -191,7 +190,7 @@ def test_a_job_records_who_judged_its_reward(
         num_generations=2,
         max_new_tokens_per_step=8,
         token_budget=64,
-        max_turns=2,
+        max_steps=2,
         save_steps=1,
         eval_questions=1,
         max_train_questions=1,

@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from hoprl.agent.trajectory import Episode, Step
+from hoprl.domain import Episode, Question, Step
 from hoprl.recipes.evo_rag import SIGNALS, Curriculum, EvoRag, EvoRagConfig, step_weights
-from hoprl.schemas import Question
 from hoprl.training.preference import (
     Item,
     PreferenceConfig,
@@ -248,7 +247,7 @@ class ParityEvoRag(EvoRag):
     stop = [" "]  # noqa: RUF012
 
     def parse(self, segment: str) -> Any:
-        from hoprl.recipes.base import Action
+        from hoprl.domain import Action
 
         kind = sum(map(ord, segment)) % 3
         return [Action("refuse"), Action("backtrack"), Action("answer", answer="x")][kind]
@@ -275,7 +274,7 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     settings = TrainerSettings(database_url=url, runs_dir=tmp_path / "runs", retriever_url=retriever_url,
                                torch_threads=1)  # fmt: skip
-    hp = Hyperparameters(questions_per_step=4, num_generations=6, max_turns=2, max_new_tokens_per_step=8,
+    hp = Hyperparameters(questions_per_step=4, num_generations=6, max_steps=2, max_new_tokens_per_step=8,
                          token_budget=64, save_steps=2, eval_questions=1, learning_rate=1e-3,
                          preference_eval_share=0.25)  # fmt: skip
     request = JobRequest(recipe="evo-rag", objective=objective, model=tiny_model, dataset=str(data),

@@ -22,11 +22,11 @@ import torch
 from sqlalchemy import select
 
 from hoprl.clients.trainer import TrainerClient
-from hoprl.configs import load_config
 from hoprl.data.jsonl import write_questions
+from hoprl.domain import Question
+from hoprl.jobspec import load_config, resolve
 from hoprl.registry.models import EpisodeRow, MetricRow
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.local import LocalServer
 from services.trainer.app import create_app
@@ -56,7 +56,7 @@ def job(tiny_model: str, data: Path, collection: str, **hp: Any) -> dict[str, An
     return {
         "recipe": "search-r1", "objective": "grpo", "model": tiny_model, "dataset": str(data),
         "collection": collection, "steps": 4, "seed": 3,
-        "hyperparameters": {"questions_per_step": 2, "num_generations": 2, "max_turns": 2,
+        "hyperparameters": {"questions_per_step": 2, "num_generations": 2, "max_steps": 2,
                             "max_new_tokens_per_step": 8, "token_budget": 64, "save_steps": 2, **hp},
     }  # fmt: skip
 
@@ -180,7 +180,7 @@ def test_a_two_process_job_trains_resumes_after_kill_and_ends_with_identical_wei
 def test_every_paper_config_asks_only_what_its_training_loop_can_do(config: Path) -> None:
     """At GPU size: vLLM, processes and DeepSpeed/FSDP only where TRL's trainers run the loop."""
     request = load_config(config)
-    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    hp = resolve(request.hyperparameters, request.recipe, request.objective)
     assert loop_problem(request, hp) is None, config.name
 
 
@@ -191,8 +191,8 @@ def test_the_projects_own_loops_refuse_vllm_and_deepspeed(settings: TrainerSetti
     assert loop_problem(ppo, ppo.hyperparameters)[:2] == ("distributed", "distributed_unsupported")  # type: ignore[index]
     evo = JobRequest(recipe="evo-rag", objective="grpo", hyperparameters=Hyperparameters(processes=2))
     # EVO-RAG's sibling GRPO (its default) is the project's own loop; per_step runs in TRL's
-    assert loop_problem(evo, evo.hyperparameters.resolved("evo-rag", "grpo"))[:2] == (  # type: ignore[index]
+    assert loop_problem(evo, resolve(evo.hyperparameters, "evo-rag", "grpo"))[:2] == (  # type: ignore[index]
         "processes", "processes_unsupported",
     )  # fmt: skip
     per_step = Hyperparameters(processes=2, advantage="per_step")
-    assert loop_problem(evo, per_step.resolved("evo-rag", "grpo")) is None  # preference model: rank 0
+    assert loop_problem(evo, resolve(per_step, "evo-rag", "grpo")) is None  # preference model: rank 0

@@ -13,14 +13,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.data.jsonl import write_questions
 from hoprl.data.synthetic import hops_for
+from hoprl.domain import Action, Episode, Question, RetrievedDoc, Step
 from hoprl.recipes import RECIPES
-from hoprl.recipes.base import Action
 from hoprl.recipes.r2ag import Node, R2ag, RetrievalTree, episode_return, normalize_title
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import STATE_FILE
 from hoprl.training.r2ag_rounds import (

@@ -26,10 +26,13 @@ import pytest
 from cli.pipeline import add_arguments, pipeline_options
 from flows.pipeline import job_request
 from flows.stack import policy_limits
+from hoprl import jobspec
 from hoprl.agent.grammar import grammar
+from hoprl.configs import recipe_objective
+from hoprl.jobspec import job_episode_shape
 from hoprl.recipes import get_recipe
 from hoprl.registry.store import Registry
-from hoprl.schemas.trainer import Hyperparameters, JobRequest, job_episode_shape, recipe_objective
+from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from services.local import LocalServer
 from services.trainer.app import create_app
 from services.trainer.settings import TrainerSettings
@@ -39,7 +42,7 @@ SEARCH_R1 = "Search-R1's released script scripts/nq_hotpotqa/v0.2/train_grpo.sh 
 SEARCH_R1_PPO = "Search-R1's released script scripts/nq_hotpotqa/v0.2/train_ppo.sh (docs/papers.md)"
 
 #: recipe config values the trainer's episodes use: read from the recipe the job builds
-RECIPE_CONFIG = ("top_k", "l_max", "t_max", "max_steps")
+RECIPE_CONFIG = ("top_k", "l_max", "t_max", "recipe.max_steps")
 
 PAPER: list[tuple[str, str | None, str, Any, str]] = [
     # R2AG: Eq. 6 (DAPO's token-level clipped objective, no KL, groups with reward spread), App. B.2
@@ -62,11 +65,11 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("when-to-search", None, "questions_per_step", 32, "when-to-search Table 5: batch_size 32"),
     ("when-to-search", None, "num_generations", 32, "when-to-search Table 5: n 32"),
     ("when-to-search", None, "temperature", 1.0, "when-to-search Table 5: temperature 1.0"),
-    ("when-to-search", None, "max_turns", 5, "when-to-search Table 5: max_turns 5"),
+    ("when-to-search", None, "max_steps", 5, "when-to-search Table 5: max_steps 5"),
     ("when-to-search", None, "token_budget", 16384, "when-to-search Table 5: max_response_length 16384"),
     ("when-to-search", None, "save_steps", 30, "when-to-search App. B.3: a checkpoint every 30 steps"),
     ("when-to-search", None, "top_k", 5, "when-to-search §4.2: top-k 5"),
-    ("when-to-search", None, "max_steps", 5, "when-to-search Table 5: 5 turns (the recipe's own cap)"),
+    ("when-to-search", None, "recipe.max_steps", 5, "when-to-search Table 5: 5 turns (the recipe's own cap)"),
     # Eval-RAR: GRPO (§4.2.4), App. A.2, §5.1
     ("eval-rar", None, "objective", "grpo", "Eval-RAR §4.2.4"),
     ("eval-rar", None, "learning_rate", 1e-6, "Eval-RAR App. A.2: lr 1e-6"),
@@ -85,7 +88,7 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("evo-rag", None, "objective", "grpo", "EVO-RAG App. A.5, Table 7"),
     ("evo-rag", None, "advantage", "siblings", "EVO-RAG §3.4, App. A.5: normalised over sibling candidates"),
     ("evo-rag", None, "preference_model", True, "EVO-RAG §3.4, Algorithm 1: the 7-head model"),
-    ("evo-rag", None, "max_turns", 20, "EVO-RAG App. A.2: T_max = 20"),
+    ("evo-rag", None, "max_steps", 20, "EVO-RAG App. A.2: T_max = 20"),
     ("evo-rag", None, "t_max", 20, "EVO-RAG App. A.2: T_max = 20"),
     ("evo-rag", None, "learning_rate", 1e-6, "EVO-RAG Table 10: actor lr 1e-6"),
     ("evo-rag", None, "beta", 0.0, "EVO-RAG Table 10: GRPO KL coefficient 0.0"),
@@ -104,7 +107,7 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("search-r1", None, "kl_estimator", "k3", f"{SEARCH_R1}: kl_loss_type=low_var_kl (k3, clamped)"),
     ("search-r1", None, "epsilon", 0.2, f"{SEARCH_R1} and verl's ppo_trainer.yaml: clip_ratio 0.2"),
     ("search-r1", None, "temperature", 1.0, f"{SEARCH_R1}: rollout.temperature=1"),
-    ("search-r1", None, "max_turns", 4, f"{SEARCH_R1}: max_turns=4"),
+    ("search-r1", None, "max_steps", 4, f"{SEARCH_R1}: max_steps=4"),
     ("search-r1", None, "top_k", 3, f"{SEARCH_R1}: retriever.topk=3"),
     ("search-r1", "ppo", "learning_rate", 1e-6, f"{SEARCH_R1_PPO}: actor optim.lr=1e-6"),
     ("search-r1", "ppo", "critic_learning_rate", 1e-5, f"{SEARCH_R1_PPO}: critic.optim.lr=1e-5"),
@@ -130,7 +133,7 @@ PROJECT: list[tuple[str, str, Any, str]] = [
 CPU = {
     "questions_per_step": 2,
     "num_generations": 4,
-    "max_turns": 4,
+    "max_steps": 4,
     "max_new_tokens_per_step": 96,
     "token_budget": 1152,
     "save_steps": 5,
@@ -143,7 +146,7 @@ def resolve(recipe: str, objective: str | None = None, **hp: Any) -> tuple[JobRe
     if objective is not None:
         body["objective"] = objective
     request = JobRequest.model_validate(body)
-    return request, request.hyperparameters.resolved(request.recipe, request.objective)
+    return request, jobspec.resolve(request.hyperparameters, request.recipe, request.objective)
 
 
 def setting(request: JobRequest, hp: Hyperparameters, name: str) -> Any:
@@ -151,6 +154,7 @@ def setting(request: JobRequest, hp: Hyperparameters, name: str) -> Any:
         return request.objective
     if name in RECIPE_CONFIG:  # the recipe the job builds from the resolved config
         recipe = get_recipe(request.recipe, **hp.recipe_config)
+        name = name.removeprefix("recipe.")
         return getattr(recipe, name) if hasattr(recipe, name) else getattr(recipe.config, name)
     return getattr(hp, name)
 
@@ -205,14 +209,14 @@ def test_the_cpu_preset_fits_evo_rags_whole_schedule_into_its_four_steps() -> No
     Refinement end-weights and r_act act (with T_max 20 capped at 4 turns p(t) stops at 3/19)."""
     _, hp = resolve("evo-rag", preset="cpu")
     recipe = get_recipe("evo-rag", **hp.recipe_config)
-    assert hp.max_turns == recipe.config.t_max == recipe.max_steps == 4
+    assert hp.max_steps == recipe.config.t_max == recipe.max_steps == 4
     _, own = resolve("evo-rag", preset="cpu", recipe_config={"t_max": 6})
     assert own.recipe_config["t_max"] == 6  # the request's recipe config wins over the preset's
 
 
 def test_a_value_the_request_sets_wins_over_the_preset_and_the_paper() -> None:
-    _, hp = resolve("search-r1", preset="cpu", num_generations=7, max_turns=3, beta=0.0, learning_rate=3e-5)
-    assert (hp.num_generations, hp.max_turns, hp.beta, hp.learning_rate) == (7, 3, 0.0, 3e-5)
+    _, hp = resolve("search-r1", preset="cpu", num_generations=7, max_steps=3, beta=0.0, learning_rate=3e-5)
+    assert (hp.num_generations, hp.max_steps, hp.beta, hp.learning_rate) == (7, 3, 0.0, 3e-5)
     _, hp = resolve("when-to-search", epsilon_high=0.25, dynamic_sampling=False, recipe_config={"top_k": 2})
     assert (hp.epsilon_high, hp.dynamic_sampling) == (0.25, False)
     assert get_recipe("when-to-search", **hp.recipe_config).top_k == 2
@@ -247,7 +251,7 @@ def test_post_v1_jobs_stores_the_resolved_objective_and_settings(tmp_path: Path)
     run = Registry(settings.database_url).get_run(job["id"])
     assert run is not None and run.objective == "dapo"
     stored = run.config["hyperparameters"]
-    assert (stored["epsilon_high"], stored["dynamic_sampling"], stored["beta"], stored["max_turns"]) == (
+    assert (stored["epsilon_high"], stored["dynamic_sampling"], stored["beta"], stored["max_steps"]) == (
         0.28, True, 0.0, 5
     )  # fmt: skip
     assert run.config["request"]["objective"] == "dapo" and stored["preset"] == "paper"
@@ -274,14 +278,14 @@ def test_make_run_sends_trainer_jobs_with_the_cpu_preset() -> None:
                        options["dataset"], data, "collection", options["seed"], options["steps"],
                        options["hyperparameters"], None, options["preset"])  # fmt: skip
     request = JobRequest.model_validate(body)
-    hp = request.hyperparameters.resolved(request.recipe, request.objective)
+    hp = jobspec.resolve(request.hyperparameters, request.recipe, request.objective)
     assert {k: getattr(hp, k) for k in CPU} == CPU
     assert request.objective == "dapo"  # when-to-search's paper objective, sizes scaled only
-    limits = policy_limits(job_episode_shape(body))
-    assert limits["POLICY_MAX_STEPS"] == str(CPU["max_turns"])
+    limits = policy_limits(job_episode_shape(body))  # the pipeline's own call
+    assert limits["POLICY_MAX_STEPS"] == str(CPU["max_steps"])
     # the served step is the trained one, decoded free as in training (a request's constrained=true
     # still gets the grammar, whose answers keep 9 tokens at 96: the pipeline never asks for it)
-    assert limits["POLICY_MAX_TOKENS_PER_STEP"] == str(CPU["max_new_tokens_per_step"])
+    assert limits["POLICY_MAX_NEW_TOKENS_PER_STEP"] == str(CPU["max_new_tokens_per_step"])
     assert "answer_line[max_tokens=9]" in grammar("when-to-search", max_tokens=96).lark
     assert limits["POLICY_TOKEN_BUDGET"] == str(CPU["token_budget"])
     assert limits["POLICY_CONSTRAINED_DECODING"] == "false"

@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 from sqlalchemy import delete
 
-from hoprl.agent.trajectory import Episode, Step
 from hoprl.data.jsonl import write_questions
+from hoprl.domain import Episode, Question, Step
 from hoprl.registry.models import CheckpointRow
 from hoprl.registry.store import Registry
-from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import STATE_FILE, current_attempt, start_attempt
 from services.trainer.jobs import submit
@@ -109,7 +108,7 @@ def worker(run_id: str, env: dict[str, str], log: Path) -> subprocess.Popen[byte
 def job(tiny_model: str, collection: str, data: Path) -> JobRequest:
     """When-to-search with a stage switch at step 1 and dynamic sampling on (3 refills a group)."""
     hp = Hyperparameters(
-        questions_per_step=GROUPS, num_generations=SAMPLES, max_turns=2, max_new_tokens_per_step=8,
+        questions_per_step=GROUPS, num_generations=SAMPLES, max_steps=2, max_new_tokens_per_step=8,
         token_budget=64, save_steps=2, eval_questions=1, dynamic_sampling=True, max_resample=3,
         recipe_config={"curriculum": "steps", "switch_step": 1},
     )  # fmt: skip

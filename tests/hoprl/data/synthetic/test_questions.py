@@ -10,9 +10,9 @@ import pytest
 
 from hoprl.data.synthetic import PARAGRAPHS_PER_QUESTION, SyntheticQuestion, build_world, generate, hops_for
 from hoprl.data.synthetic.questions import WorldTooSmall
+from hoprl.domain import Paragraph, Question
 from hoprl.judging import RulesJudge
 from hoprl.metrics.answer import normalize_answer
-from hoprl.schemas import Paragraph, Question
 
 SEED = 11
 SMALL = {"n_entities": 80, "n_train": 30, "n_dev": 10, "n_test": 10}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from hoprl.data.jsonl import write_questions
 from hoprl.data.synthetic import generate, hops_for, read_jsonl
-from hoprl.schemas import Paragraph, Question
+from hoprl.domain import Paragraph, Question
 
 SMALL = {"n_entities": 80, "n_train": 30, "n_dev": 10, "n_test": 10}
 

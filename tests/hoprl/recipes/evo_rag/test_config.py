@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
 from hoprl.data.synthetic import generate
+from hoprl.domain import Episode, RetrievedDoc, Step
+from hoprl.jobspec import resolve
 from hoprl.recipes.evo_rag import EvoRag, EvoRagConfig
 from tests.conftest import shared_file
 
 
 def test_the_trainer_caps_evo_rag_episodes_at_t_max():
-    """A job's max_turns follows the recipe's T_max (one source), unless the request sets it."""
+    """A job's max_steps follows the recipe's T_max (one source), unless the request sets it."""
     from hoprl.schemas.trainer import Hyperparameters
 
-    assert Hyperparameters().resolved("evo-rag").max_turns == EvoRagConfig().t_max == 20
-    assert Hyperparameters(recipe_config={"t_max": 8}).resolved("evo-rag").max_turns == 8
-    assert Hyperparameters(max_turns=4).resolved("evo-rag").max_turns == 4  # an explicit request wins
-    assert Hyperparameters().resolved("search-r1").max_turns == 4
+    assert resolve(Hyperparameters(), "evo-rag").max_steps == EvoRagConfig().t_max == 20
+    assert resolve(Hyperparameters(recipe_config={"t_max": 8}), "evo-rag").max_steps == 8
+    assert resolve(Hyperparameters(max_steps=4), "evo-rag").max_steps == 4  # an explicit request wins
+    assert resolve(Hyperparameters(), "search-r1").max_steps == 4
     # never an error at submission: a budget past the bound is capped; an invalid recipe_config
     # derives nothing (the job reports the recipe's own error when it starts)
-    big = Hyperparameters(recipe_config={"t_max": 64}, max_new_tokens_per_step=4096).resolved("evo-rag")
-    assert (big.max_turns, big.token_budget) == (64, 32768)
-    assert Hyperparameters(recipe_config={"t_max": "many"}).resolved("evo-rag").max_turns == 4
+    big = resolve(Hyperparameters(recipe_config={"t_max": 64}, max_new_tokens_per_step=4096), "evo-rag")
+    assert (big.max_steps, big.token_budget) == (64, 32768)
+    assert resolve(Hyperparameters(recipe_config={"t_max": "many"}), "evo-rag").max_steps == 4
 
 
 def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
@@ -36,10 +37,10 @@ def test_the_default_token_budget_holds_t_max_searches_over_hotpotqa(tokenizer):
     from hoprl.schemas.trainer import Hyperparameters
 
     data = shared_file("hotpotqa_dev.jsonl")
-    hp = Hyperparameters().resolved("evo-rag")
+    hp = resolve(Hyperparameters(), "evo-rag")
     assert hp.token_budget == 20 * (256 + 3 * 200)
     recipe = EvoRag()
-    lines = data.read_text().splitlines()[: hp.max_turns]
+    lines = data.read_text().splitlines()[: hp.max_steps]
     thought = tokenizer.decode(tokenizer("<think>" + "I need the next fact. " * 20)["input_ids"][:56])
     steps = []
     for t, line in enumerate(lines, 1):

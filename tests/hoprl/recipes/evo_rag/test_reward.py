@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hoprl.agent.trajectory import Episode, RetrievedDoc, Step
+from hoprl.domain import Episode, RetrievedDoc, Step
 from hoprl.embedding import get_embedder
 from hoprl.judging import RulesJudge
 from hoprl.recipes.evo_rag import (

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hoprl.agent.parsing import MAX_CHARS, Block, outside_text, parse_tags
+from hoprl.recipes.parsing import MAX_CHARS, Block, outside_text, parse_tags
 
 TAGS = ["think", "search", "answer", "information"]
 

@@ -1,13 +1,15 @@
-"""One data model for an episode, and its token-level form for training.
+"""One data model for an episode, its steps and actions, and its token-level form for training.
 
-An :class:`Episode` is what happened (steps, retrieved documents, the final answer); a
-:class:`TokenTrajectory` is what the trainer sees: prompt ids, completion ids and a mask that is
-1 for tokens the policy generated and 0 for injected text (retrieved ``<information>``), which
-never enters a loss, a KL term or a per-token reward.
+An :class:`Episode` is what happened (steps, retrieved documents, the final answer); an
+:class:`Action` is what one generated segment asks the runner to do next; a :class:`Completion`
+is one generated choice of a model; a :class:`TokenTrajectory` is what the trainer sees: prompt
+ids, completion ids and a mask that is 1 for tokens the policy generated and 0 for injected text
+(retrieved ``<information>``), which never enters a loss, a KL term or a per-token reward.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -34,6 +36,34 @@ def cut_shares(outcomes: list[str]) -> dict[str, float]:
     """
     n = max(len(outcomes), 1)
     return {f"ended/{name}": outcomes.count(name) / n for name in CUT_OUTCOMES}
+
+
+@dataclass
+class Action:
+    """What the runner does next, parsed from one generated segment."""
+
+    kind: ActionKind
+    queries: list[str] = field(default_factory=list)
+    query_kinds: list[str] = field(default_factory=list)
+    answer: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Completion:
+    """One generated choice of a model.
+
+    ``stop`` is the stop text re-appended to ``text`` (``None``: nothing appended; see
+    :mod:`hoprl.clients.llm`); ``logprobs`` holds one ``(token, logprob)`` per generated token when
+    asked for; ``usage`` is the response's ``prompt_tokens`` / ``completion_tokens`` (for all ``n``
+    choices together).
+    """
+
+    text: str
+    finish_reason: str | None
+    stop: str | None = None
+    logprobs: list[tuple[str, float]] | None = None
+    usage: dict[str, int] = field(default_factory=dict)
 
 
 class RetrievedDoc(BaseModel):
