@@ -75,7 +75,7 @@ def test_group_stays_when_every_draw_is_flat(tiny_model: str, retriever_url: str
     assert all(e.meta["dynamic_sampling"] == trail for e in episodes)
 
 
-OPTS = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2,
+OPTS = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2, shape=shape(),
                       dynamic_sampling=True, max_resample=3, seed=7)  # fmt: skip
 
 

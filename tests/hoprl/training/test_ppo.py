@@ -31,6 +31,7 @@ from hoprl.training.ppo import (
     token_scores,
     train_ppo,
 )
+from tests.conftest import shape
 
 
 def signals(**values: float) -> dict[str, float]:
@@ -250,7 +251,9 @@ def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: 
     hp = resolve(request.hyperparameters, request.recipe, request.objective)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     q = Question(id="q", dataset="t", split="train", question="Who founded Acme?", answers=["Jane Roe"])
-    opts = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2)
+    opts = RolloutOptions(
+        collection="c", retriever_url="http://127.0.0.1:9", num_generations=2, shape=shape()
+    )
     with Registry(f"sqlite:///{tmp_path / 'r.db'}") as registry:
         hp = hp.model_copy(update={"preference_model": False})
         tokenizer = AutoTokenizer.from_pretrained(tiny_model)
