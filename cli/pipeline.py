@@ -245,12 +245,29 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def check_options(options: dict[str, Any]) -> None:
+    """The options as the flow's :class:`flows.spec.RunSpec` validates them, before anything starts:
+    a bad value stops the command naming the field (:class:`ConfigError`)."""
+    from pydantic import ValidationError
+
+    from flows.spec import RunSpec
+    from hoprl.configs import ConfigError
+
+    fields = {k: v for k, v in options.items() if k in RunSpec.model_fields and v is not None}
+    try:
+        RunSpec.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"pipeline options: {problems}") from None
+
+
 def main(args: argparse.Namespace) -> int:
-    """The body of ``hoprl pipeline``: run, then print the summary (stdout)."""
+    """The body of ``hoprl pipeline``: check the options, run, then print the summary (stdout)."""
     from hoprl.configs import ConfigError
 
     try:
         options = pipeline_options(args)
+        check_options(options)
     except ConfigError as exc:
         from rich.console import Console
 

@@ -33,9 +33,9 @@ from flows.data import build_index, prepare_data
 from flows.evaluate import evaluate, evaluate_protocol
 from flows.report import publish_report
 from flows.runs import done, link_flow_run, mark, registry, run_dir
+from flows.spec import RunSpec
 from flows.stack import ServiceUrls, services
 from flows.training import serve_checkpoint, train, warm_start
-from hoprl.configs import recipe_objective
 from hoprl.domain import EpisodeShape
 from hoprl.generation.model import resolve_model
 from hoprl.jobspec import job_episode_shape, preset_recipe_config
@@ -77,43 +77,32 @@ def job_hyperparameters(
     return {"preset": preset, **(hyperparameters or {}), "recipe_config": config}
 
 
-def run_shape(p: dict[str, Any]) -> EpisodeShape:
-    """The episode shape of a pipeline's run (``p``: the flow's parameters), stored in its registry
-    config as ``episode``: the shape its trainer jobs resolve (:func:`hoprl.jobspec.job_episode_shape`,
-    read alike by the rollouts, the dev checks and the local policy's /v1/answer) with the recipe's
-    documents per search and stop texts written out. Training samples at its temperature; dev
-    checks and evaluations decode it greedily (:meth:`EpisodeShape.greedy`)."""
-    hp = job_hyperparameters(p["recipe"], p["steps"], p["hyperparameters"], p["recipe_config"], p["preset"])
-    request = {"recipe": p["recipe"], "objective": p["objective"], "hyperparameters": hp}
-    agent = get_recipe(p["recipe"], **hp["recipe_config"])
+def run_shape(recipe: str, objective: str, hp: dict[str, Any]) -> EpisodeShape:
+    """The episode shape of a pipeline's run (``hp``: :func:`job_hyperparameters`), stored in its
+    registry config as ``episode``: the shape its trainer jobs resolve (:func:`hoprl.jobspec.
+    job_episode_shape`, read alike by the rollouts, the dev checks and the local policy's
+    /v1/answer) with the recipe's documents per search and stop texts written out. Training samples
+    at its temperature; dev checks and evaluations decode it greedily (:meth:`EpisodeShape.greedy`)."""
+    request = {"recipe": recipe, "objective": objective, "hyperparameters": hp}
+    agent = get_recipe(recipe, **hp["recipe_config"])
     return job_episode_shape(request).model_copy(update={"top_k": agent.top_k, "stop": tuple(agent.stop)})
 
 
 def job_request(
-    recipe: str,
-    objective: str,
-    dataset: str,
-    data: dict[str, Any],
-    collection: str,
-    seed: int,
-    steps: int,
-    hyperparameters: dict[str, Any] | None,
-    recipe_config: dict[str, Any] | None,
-    preset: str = "paper",
-) -> dict[str, Any]:
-    """The trainer request every segment shares. A JSONL dataset and a paper's training set
-    (``paper:<recipe>[:<folder>]``) are trained on their prepared train split; ``synthetic`` and hub
-    names are loaded by the trainer itself (with the synthetic world's expert hops for SFT).
+    recipe: str, objective: str, dataset: str, data: dict[str, Any], collection: str, seed: int,
+    hp: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """The trainer request every segment shares (``hp``: :func:`job_hyperparameters`). A JSONL dataset
+    and a paper's training set (``paper:<recipe>[:<folder>]``) are trained on their prepared train
+    split; ``synthetic`` and hub names are loaded by the trainer itself (with the synthetic world's
+    expert hops for SFT).
 
-    ``preset`` goes to the trainer, which resolves the sizes it stands for (``cpu``:
-    :data:`hoprl.schemas.trainer.CPU_PRESET`); ``hyperparameters`` set here win over it. The
-    recipe config a preset scales (EVO-RAG's ``t_max``) is written into the request, so the flow's
-    curriculum and dev checks read the config the trainer trains with.
+    The preset in ``hp`` goes to the trainer, which resolves the sizes it stands for (``cpu``:
+    :data:`hoprl.jobspec.CPU_PRESET`); hyperparameters set there win over it. The recipe config a
+    preset scales (EVO-RAG's ``t_max``) is written into the request, so the flow's curriculum and
+    dev checks read the config the trainer trains with.
     """
-    hp = {
-        "max_train_questions": data["counts"]["train"],
-        **job_hyperparameters(recipe, steps, hyperparameters, recipe_config, preset),
-    }
+    hp = {"max_train_questions": data["counts"]["train"], **hp}
     prepared = data["source"].endswith(".jsonl") or data["source"].startswith("paper:")
     source = data["paths"]["train"] if prepared else dataset
     return {
@@ -132,7 +121,7 @@ def evaluations(
     data: dict[str, Any],
     collection: str,
     recipe: str,
-    baselines: list[str],
+    baselines: tuple[str, ...],
     limit: int | None,
 ) -> dict[str, dict[str, Any]]:
     """The untrained policy on the test split: the run's recipe (``baseline``) and each baseline recipe."""
@@ -164,7 +153,8 @@ def evaluate_checkpoint(
     urls: ServiceUrls,
     data: dict[str, Any],
     collection: str,
-    p: dict[str, Any],
+    recipe: str,
+    limit: int | None,
 ) -> dict[str, Any]:
     """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run)."""
 
@@ -175,12 +165,12 @@ def evaluate_checkpoint(
             label,
             data["paths"]["test"],
             collection,
-            p["recipe"],
+            recipe,
             urls.policy,
             urls.retriever,
             urls.judge,
             dataset=data["name"],
-            limit=p["eval_limit"],
+            limit=limit,
             checkpoint_id=checkpoint["checkpoint_id"],
         )
 
@@ -259,36 +249,24 @@ def pipeline(
     Returns the summary: EM / F1 / judge / retrievals before and after, report and plot paths,
     the final checkpoint and the collection it searches.
     """
-    run_id = run_id or f"{recipe}-{uuid.uuid4().hex[:8]}"
-    objective = recipe_objective(recipe, objective)
-    params = {
-        "recipe": recipe,
-        "objective": objective,
-        "model": model,
-        "dataset": dataset,
-        "steps": steps,
-        "sft_steps": sft_steps,
-        "segments": segments,
-        "eval_limit": eval_limit,
-        "dev_limit": dev_limit,
-        "baselines": baselines,
-        "limit": limit,
-        "hyperparameters": hyperparameters,
-        "recipe_config": recipe_config,
-        "preset": preset,
-        "protocol": protocol,
-        "data_dir": data_dir,
-    }
-    shape = run_shape(params)
-    params["episode"] = shape.model_dump(mode="json")
+    spec = RunSpec(
+        recipe=recipe, objective=objective, model=model, dataset=dataset, steps=steps, sft_steps=sft_steps,
+        segments=segments, eval_limit=eval_limit, dev_limit=dev_limit, baselines=tuple(baselines or ()),
+        seed=seed, limit=limit, hyperparameters=hyperparameters or {}, recipe_config=recipe_config or {},
+        preset=preset, protocol=protocol, data_dir=data_dir,
+    )  # fmt: skip
+    run_id = run_id or f"{spec.recipe}-{uuid.uuid4().hex[:8]}"
+    hp = job_hyperparameters(spec.recipe, spec.steps, spec.hyperparameters, spec.recipe_config, spec.preset)
+    shape = run_shape(spec.recipe, spec.trained_objective, hp)
     reg, log = registry(), get_run_logger()
-    reg.create_run(run_id, recipe, objective, model or "default", params, seed)
+    config = {**spec.model_dump(mode="json"), "episode": shape.model_dump(mode="json")}
+    reg.create_run(run_id, spec.recipe, spec.trained_objective, spec.model or "default", config, spec.seed)
     link_flow_run(run_id)
     reg.set_run_status(run_id, "running")
     log.info("run %s (folder %s), episode shape %s", run_id, run_dir(run_id), shape)
     try:
-        with services(run_dir(run_id), model, shape) as urls:
-            result = stages(run_id, params, seed, urls)
+        with services(run_dir(run_id), spec.model, shape) as urls:
+            result = stages(run_id, spec, hp, urls)
     except BaseException as exc:
         reg.set_run_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -296,51 +274,41 @@ def pipeline(
     return result
 
 
-def stages(run_id: str, p: dict[str, Any], seed: int, urls: ServiceUrls) -> dict[str, Any]:
+def stages(run_id: str, spec: RunSpec, hp: dict[str, Any], urls: ServiceUrls) -> dict[str, Any]:
     """The pipeline's stages in order (each skipped when the registry says it finished)."""
+    recipe, seed, eval_limit = spec.recipe, spec.seed, spec.eval_limit
     data = once(
-        run_id, "prepare_data", lambda: prepare_data(p["dataset"], run_id, seed, p["limit"]), "dataset_id"
+        run_id, "prepare_data", lambda: prepare_data(spec.dataset, run_id, seed, spec.limit), "dataset_id"
     )
     index = once(run_id, "build_index", lambda: build_index(run_id, data, urls.retriever), "index_id")
     collection = index["collection"]
-    evals = evaluations(
-        run_id, urls, data, collection, p["recipe"], p["baselines"] or ["naive-rag"], p["eval_limit"]
-    )
-    request = job_request(
-        p["recipe"],
-        p["objective"],
-        p["dataset"],
-        data,
-        collection,
-        seed,
-        p["steps"],
-        p["hyperparameters"],
-        p["recipe_config"],
-        p["preset"],
-    )
-    if p["sft_steps"] > 0:
-        with progress.stage("warm_start", steps=p["sft_steps"]):
-            sft = warm_start(run_id, {**request, "model": p["model"], "steps": p["sft_steps"]}, urls)
-        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, p)  # what the RL steps start from
+    evals = evaluations(run_id, urls, data, collection, recipe, spec.baselines, eval_limit)
+    request = job_request(recipe, spec.trained_objective, spec.dataset, data, collection, seed, hp)
+    if spec.sft_steps > 0:
+        with progress.stage("warm_start", steps=spec.sft_steps):
+            sft = warm_start(run_id, {**request, "model": spec.model, "steps": spec.sft_steps}, urls)
+        # what the RL steps start from
+        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, recipe, eval_limit)
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
-        registry().add_checkpoint(run_id, 0, resolve_model(p["model"], MODEL_CACHE), {"objective": "base"})
-    dev = {"path": data["paths"]["dev"], "limit": p["dev_limit"]}
-    with progress.stage("train", steps=p["steps"], segments=p["segments"]):
+        registry().add_checkpoint(run_id, 0, resolve_model(spec.model, MODEL_CACHE), {"objective": "base"})
+    dev = {"path": data["paths"]["dev"], "limit": spec.dev_limit}
+    with progress.stage("train", steps=spec.steps, segments=spec.segments):
         # the last checkpoint is evaluated on test right below: no dev check of it
-        final = train(run_id, request, p["steps"], p["segments"], dev, urls, check_last=False)
-    after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, p)
-    if p.get("protocol"):
+        final = train(run_id, request, spec.steps, spec.segments, dev, urls, check_last=False)
+    after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, recipe, eval_limit)
+    if spec.protocol:
+        protocol, data_dir = spec.protocol, spec.data_dir
         once(
             run_id,
             "eval/protocol",
             lambda: evaluate_protocol(
                 run_id,
-                p["protocol"],
+                protocol,
                 urls.policy,
                 urls.retriever,
                 urls.judge,
-                p["data_dir"],
-                limit=p["eval_limit"],
+                data_dir,
+                limit=eval_limit,
                 checkpoint_id=final["checkpoint_id"],
                 seed=seed,
             ),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from flows.pipeline import job_request, run_shape
+from flows.pipeline import job_hyperparameters, job_request, run_shape
 from flows.rollouts import collect_rollouts
 from flows.stack import service_env
 from flows.training import dev_options, dev_shape, segment_request
@@ -26,17 +26,16 @@ from services.trainer.jobs import rollout_options
 from services.trainer.settings import TrainerSettings
 
 SHAPE = {"max_steps": 4, "max_new_tokens_per_step": 96, "token_budget": 1152}
-PARAMS = {"recipe": "when-to-search", "objective": "dapo", "steps": 4, "hyperparameters": None,
-          "recipe_config": None, "preset": "cpu"}  # fmt: skip
+HP = job_hyperparameters("when-to-search", 4, None, None, "cpu")
 DATA = {"counts": {"train": 6}, "source": "synthetic", "paths": {"train": "unused.jsonl"}}
 
 
 def request() -> dict:
-    return job_request("when-to-search", "dapo", "synthetic", DATA, "c", 0, 4, None, None, "cpu")
+    return job_request("when-to-search", "dapo", "synthetic", DATA, "c", 0, HP)
 
 
 def test_the_run_records_make_runs_shape() -> None:
-    shape = run_shape(PARAMS)
+    shape = run_shape("when-to-search", "dapo", HP)
     assert shape.limits() == SHAPE
     assert shape.top_k == 5 and shape.grammar is False and shape.search_mode == "hybrid"
     assert shape.temperature == 1.0 and shape.greedy().temperature == 0.0
@@ -45,7 +44,7 @@ def test_the_run_records_make_runs_shape() -> None:
 
 
 def test_the_shape_is_frozen_and_names_each_field_once() -> None:
-    shape = run_shape(PARAMS)
+    shape = run_shape("when-to-search", "dapo", HP)
     with pytest.raises(ValidationError):
         shape.max_steps = 9  # type: ignore[misc]
     with pytest.raises(ValidationError, match="max_turns"):
@@ -85,6 +84,6 @@ def test_the_local_policy_answers_in_the_shape(tmp_path: Path, monkeypatch: pyte
     served = {"max_steps": settings.max_steps, "max_new_tokens_per_step": settings.max_new_tokens_per_step,
               "token_budget": settings.token_budget}  # fmt: skip
     assert served == SHAPE and settings.constrained_decoding is False
-    assert get_recipe("when-to-search").top_k == run_shape(PARAMS).top_k
+    assert get_recipe("when-to-search").top_k == run_shape("when-to-search", "dapo", HP).top_k
     # the default engine (vllm where installed), eager, its KV cache sized for 16 such episodes
     assert (settings.engine, settings.eager, settings.kv_cache_gib) == (installed_engine(), True, 2)

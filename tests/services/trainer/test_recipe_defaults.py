@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from cli.pipeline import add_arguments, pipeline_options
-from flows.pipeline import job_request
+from flows.pipeline import job_hyperparameters, job_request
 from flows.stack import policy_limits
 from hoprl import jobspec
 from hoprl.agent.grammar import grammar
@@ -274,9 +274,10 @@ def test_make_run_sends_trainer_jobs_with_the_cpu_preset() -> None:
     options = pipeline_options(parser.parse_args(make_run_command()))
     assert options["preset"] == "cpu"
     data = {"counts": {"train": 6}, "source": "synthetic", "paths": {"train": "unused.jsonl"}}
+    hp = job_hyperparameters(options["recipe"], options["steps"], options["hyperparameters"], None,
+                             options["preset"])  # fmt: skip
     body = job_request(options["recipe"], recipe_objective(options["recipe"], options["objective"]),
-                       options["dataset"], data, "collection", options["seed"], options["steps"],
-                       options["hyperparameters"], None, options["preset"])  # fmt: skip
+                       options["dataset"], data, "collection", options["seed"], hp)  # fmt: skip
     request = JobRequest.model_validate(body)
     hp = jobspec.resolve(request.hyperparameters, request.recipe, request.objective)
     assert {k: getattr(hp, k) for k in CPU} == CPU
@@ -295,8 +296,11 @@ def test_evo_rag_pipelines_on_the_cpu_preset_check_the_curriculum_with_the_train
     """The flow writes the preset's recipe config into its request: its dev checks and curriculum
     read T_max 4, the one the trainer trains with."""
     data = {"counts": {"train": 6}, "source": "synthetic", "paths": {"train": "unused.jsonl"}}
-    body = job_request("evo-rag", "grpo", "synthetic", data, "c", 0, 4, None, None, "cpu")
+    body = job_request(
+        "evo-rag", "grpo", "synthetic", data, "c", 0, job_hyperparameters("evo-rag", 4, None, None, "cpu")
+    )
     assert body["hyperparameters"]["recipe_config"] == {"t_max": 4}
-    assert job_request("evo-rag", "grpo", "synthetic", data, "c", 0, 4, None, None)["hyperparameters"][
-        "recipe_config"
-    ] == {}  # fmt: skip
+    paper = job_request(
+        "evo-rag", "grpo", "synthetic", data, "c", 0, job_hyperparameters("evo-rag", 4, None, None)
+    )
+    assert paper["hyperparameters"]["recipe_config"] == {}
