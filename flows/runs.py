@@ -1,8 +1,8 @@
 """What every flow shares: the registry, a run's folder, its stage ledger and its Prefect link.
 
 A pipeline run is one row in the run registry (``runs``) and one folder on disk
-(``$HOPRL_RUNS_DIR/<run id>/``: the prepared data, the report, the plots). The flows are the
-registry's single writer; Celery's idempotent fan-out units are the only other one.
+(``$HOPRL_RUNS_DIR/<run id>/``: the prepared data, the report, the plots). The flows write the
+pipeline runs' rows, Celery's idempotent fan-out units their units', the trainer its jobs'.
 
 **The stage ledger.** A finished pipeline stage leaves a marker in the registry: the metric
 ``pipeline/<stage>`` at step 0 of the run, whose value is the id of what the stage produced

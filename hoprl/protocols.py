@@ -3,7 +3,7 @@
 A :class:`Protocol` is what ``hoprl eval-answers --protocol <recipe>`` and ``hoprl pipeline
 --protocol`` run: the paper's evaluation sets (dataset, split, how many questions), its step cap,
 its decoding, its metrics, its judge and, for R2AG, the answer generation step after retrieval.
-Every value carries the section, table or appendix of ``../shared/papers/<recipe>.txt`` it comes
+Every value carries the section, table or appendix of the paper (``docs/papers.md``) it comes
 from; where the paper gives none, the field says so and the project's choice is named (decoding
 not given = greedy, temperature 0).
 

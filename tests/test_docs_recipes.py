@@ -29,7 +29,7 @@ TEST_FILE = re.compile(r"tests/[\w/]+\.py")
 #: a test function's name on a linked page, in either of its forms (``::test_x``, `` `test_x` ``);
 #: a file name (``test_x.py``) or a path segment is not one
 TEST_NAME = re.compile(r"(?<![/\w])(test_\w+)(?!\w|\.py)")
-STATUSES = ("as the paper", "option, default as the paper", "as DESIGN.md", "the project's", "not yet")
+STATUSES = ("as the paper", "option, default as the paper", "as the baseline", "the project's", "not yet")
 
 
 def doc() -> str:

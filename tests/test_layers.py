@@ -2,7 +2,7 @@
 
 Every module's imports are read statically (``ast``: ``import x``, ``from x import y``, relative
 imports, and imports inside functions), so nothing is imported and a violation names the file and
-the module it imports. The rules (issue 20):
+the module it imports. The rules:
 
 - ``hoprl/`` imports nothing from ``services``, ``flows``, ``cli`` or ``bench``;
 - ``services/`` imports nothing from ``flows``, ``cli`` or ``bench``, and no service imports
@@ -31,8 +31,8 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "flows": frozenset({"services", "cli", "bench"}),
 }
 
-#: (importing module, imported module) pairs allowed to cross a rule: none. Phase B of issue 20
-#: moved generation (hoprl/generation/) and the training algorithms (hoprl/training/) into the
+#: (importing module, imported module) pairs allowed to cross a rule: none. Since 2026-11-25
+#: generation (hoprl/generation/) and the training algorithms (hoprl/training/) are in the
 #: library, so the trainer and the pipeline flow no longer reach into the policy service. Nothing
 #: may be added here.
 ALLOWED: frozenset[tuple[str, str]] = frozenset()

@@ -16,7 +16,7 @@ from hoprl.settings import get_settings
 # Keep-alive: the client must drop an idle connection before the server does. With both at 5 s
 # (httpx's and uvicorn's defaults), a request sent on a connection the server is just closing
 # fails with ReadError; that crashed a GRPO run whose generation left the retriever idle between
-# searches. Our servers keep idle connections SERVER_KEEP_ALIVE_S, the clients CLIENT_KEEP_ALIVE_S.
+# searches. The services keep idle connections SERVER_KEEP_ALIVE_S, the clients CLIENT_KEEP_ALIVE_S.
 SERVER_KEEP_ALIVE_S = 30
 CLIENT_KEEP_ALIVE_S = 2.0
 #: the environment variable holding the key every service requires when it is set

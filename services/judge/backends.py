@@ -91,7 +91,7 @@ class OpenAIBackend:
 
     def __init__(self, settings: JudgeSettings) -> None:
         key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "no-key"
-        # Our own retry loop (with backoff and the fallback) replaces the client's.
+        # The backend's own retry loop (with backoff and the fallback) replaces the client's.
         self.client = AsyncOpenAI(
             base_url=settings.openai_base_url, api_key=key, timeout=settings.timeout_s, max_retries=0
         )

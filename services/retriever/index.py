@@ -214,7 +214,7 @@ class HybridIndex:
         Ties inside one prefetch list still take their ranks in the engine's order, which is
         stable for one shard but can differ between two shards built from the same documents.
         Fusing here instead settled those too, but made the hybrid p50 1.5-1.8x slower and
-        batched throughput 2x lower (``bench/retrieval.py``, session 10), so Qdrant still fuses.
+        batched throughput 2x lower (``bench/retrieval.py``, 2026-11-24), so Qdrant still fuses.
         """
         wider = [replace(q, limit=q.limit + TIE_MARGIN) for q in queries]
         results = self.store.query(name, wider)

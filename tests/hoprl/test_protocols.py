@@ -1,6 +1,6 @@
 """The evaluation protocols and headline rows (hoprl/protocols.py) against the papers' text.
 
-Every expected value below was read from ``../shared/papers/<recipe>.txt`` at the place the
+Every expected value below was read from the paper's text (``docs/papers.md``) at the place the
 comment names, not from the module.
 """
 

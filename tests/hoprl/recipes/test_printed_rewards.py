@@ -2,7 +2,7 @@
 
 Each episode goes through :func:`hoprl.recipes.scoring.score_episodes`, the path the trainer and
 ``hoprl reward`` take, with the recipe's defaults. The expected totals come from the equations
-cited beside them (``../shared/papers/<recipe>.txt``), never from what the code returns.
+cited beside them (the papers as ``docs/papers.md`` cites them), never from what the code returns.
 """
 
 from __future__ import annotations

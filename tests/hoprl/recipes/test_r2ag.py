@@ -1,6 +1,6 @@
 """R2AG: the Top-Survivor reward recomputed by hand from Eq. 5 / App. B.2, the protocol, the forest.
 
-Every expected number below is derived in the comments from the paper's formulas (DESIGN.md §1):
+Every expected number below is derived in the comments from the paper's formulas (Eq. 5, App. B.2):
 
     R     = a R_MH + b R_JH + g R_AP + w R_f            a=0.2, b=0.3, g=0.2, w=1, l=1.25
     R_MH  = R_MH^b + l R_MH^p   per type, the branches whose top-1 document is gold and new

@@ -4,7 +4,7 @@ One table, one row per (recipe, better behaviour, worse behaviour). Every behavi
 :class:`~hoprl.domain.Episode` on one two-hop question (ARENA: a one-turn completion
 over numbered references), scored by the recipe's own rewards through
 :func:`hoprl.recipes.scoring.score_episodes`, the path the trainer takes (weighted total of
-``reward_funcs()``). The expected order comes from DESIGN.md §1's formulas and the argument each
+``reward_funcs()``). The expected order comes from the papers' formulas and the argument each
 paper makes for them, never from what the code returns; each row names the terms that decide it,
 with the numbers by hand where they are short. ``==`` rows are ties the reward makes on purpose
 (an outcome-only reward cannot see the process), asserted so that a change which starts to

@@ -258,7 +258,7 @@ def test_k2_kl_in_training(estimator: str, tiny_model: str, retriever_url: str, 
 
 
 def test_arena_jobs_default_to_the_k2_kl() -> None:
-    """ARENA's objective (DESIGN.md §1): GRPO with the k2 KL, so a job that leaves the estimator
+    """ARENA's objective (ARENA §3.2): GRPO with the k2 KL, so a job that leaves the estimator
     unset trains with k2 and a KL at all (beta > 0: at 0 no KL term is added); others keep TRL's k3."""
     hp = resolve(Hyperparameters(), "arena")
     assert hp.kl_estimator == "k2" and hp.beta is not None and hp.beta > 0

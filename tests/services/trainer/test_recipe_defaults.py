@@ -1,8 +1,8 @@
 """Every recipe trains with its paper's settings unless the request says otherwise.
 
 Each row of :data:`PAPER` is (recipe, objective, setting, value, where the paper gives it). The
-value is written here by hand from the paper's full text (``../shared/papers/<recipe>.txt``; the
-section, table or appendix is named; ``docs/papers.md`` lists them all), never read from the
+value is written here by hand from the paper's full text (the section, table or appendix is
+named; ``docs/papers.md`` lists them all), never read from the
 configs: a job request that sets nothing must resolve to it. The trainer's ``paper`` preset reads
 ``configs/<recipe>.yaml``; ``tests/hoprl/test_papers_table.py`` checks the files against
 docs/papers.md. ``objective=None`` means the request names no objective: the recipe's own applies.
