@@ -38,7 +38,7 @@ from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions, write_questions
-from hoprl.domain import Question, cut_shares
+from hoprl.domain import EpisodeShape, Question, cut_shares
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.protocols import get_protocol, local_file, sample
 from hoprl.registry import Prediction
@@ -65,6 +65,8 @@ SUMMARY_KEYS = (
     "agent_k",
     "steps",
     "model",
+    "episode",
+    "limited",
 )
 
 
@@ -78,10 +80,12 @@ def answer_questions(
     out: str,
     repeatable: bool = False,
     protocol: str | None = None,
+    shape: EpisodeShape | None = None,
 ) -> dict[str, Any]:
     """Ask the policy every question; write the per-question rows to ``out``, return the summary.
-    ``protocol``: ask as that paper's evaluation does (its step cap, decoding, generation step)."""
-    settings = AnswerSettings.of(get_protocol(protocol)) if protocol else None
+    ``protocol``: ask as that paper's evaluation does (its episode, decoding, generation step);
+    else ``shape``: answer in that episode (a run's own, greedy); else in the service's."""
+    settings = AnswerSettings.of(get_protocol(protocol)) if protocol else AnswerSettings(shape=shape)
     report = evaluate_answers(
         policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings
     )
@@ -215,6 +219,7 @@ def evaluate(
     checkpoint_id: int | None = None,
     repeatable: bool = False,
     protocol: str | None = None,
+    shape: EpisodeShape | None = None,
 ) -> dict[str, Any]:
     """Evaluate the policy as served now on ``questions_path[:limit]`` and publish the run's report.
 
@@ -224,8 +229,10 @@ def evaluate(
         checkpoint_id: the registry id of the checkpoint being served, if any.
         repeatable: answer through ``/v1/answer/batch`` (greedy lock-step rounds: the same
             answers on every run) instead of one ``/v1/answer`` request per question.
-        protocol: a recipe of :data:`hoprl.protocols.PROTOCOLS`: answer at its paper's step cap and
-            decoding, with its generation step; the report prints the paper's figures beside ours.
+        protocol: a recipe of :data:`hoprl.protocols.PROTOCOLS`: answer in its paper's episode
+            and decoding, with its generation step; the report prints the paper's figures beside ours.
+        shape: without a protocol, the episode every answer runs (a pipeline's: its run's shape,
+            greedy); unset: the service's. The report states the episode each evaluation ran.
 
     Returns ``{"evaluation_id", "metrics", "report"}`` (``report``: the report's path).
     """
@@ -233,7 +240,7 @@ def evaluate(
     out = run_dir(run_id) / "evals" / f"{label.replace('/', '-')}.json"
     questions = load_questions(questions_path, limit)  # read once; every metric scores these
     summary = answer_questions(
-        questions, recipe, collection, policy_url, retriever_url, str(out), repeatable, protocol
+        questions, recipe, collection, policy_url, retriever_url, str(out), repeatable, protocol, shape
     )
     verdicts = judge_answers(str(out), questions, judge_url)
     retrieval = retrieval_metrics(questions, collection, retriever_url)

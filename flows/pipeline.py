@@ -123,8 +123,10 @@ def evaluations(
     recipe: str,
     baselines: tuple[str, ...],
     limit: int | None,
+    shape: EpisodeShape,
 ) -> dict[str, dict[str, Any]]:
-    """The untrained policy on the test split: the run's recipe (``baseline``) and each baseline recipe."""
+    """The untrained policy on the test split: the run's recipe (``baseline``) and each baseline
+    recipe, all in the run's episode ``shape`` (the baselines with their own documents a search)."""
     out = {}
     for label, name in [("baseline", recipe)] + [(f"baseline/{b}", b) for b in baselines if b != recipe]:
 
@@ -140,6 +142,7 @@ def evaluations(
                 urls.judge,
                 dataset=data["name"],
                 limit=limit,
+                shape=shape if name == recipe else shape.model_copy(update={"top_k": None, "stop": None}),
             )
 
         out[label] = once(run_id, f"eval/{label}", run, "evaluation_id")
@@ -155,8 +158,9 @@ def evaluate_checkpoint(
     collection: str,
     recipe: str,
     limit: int | None,
+    shape: EpisodeShape,
 ) -> dict[str, Any]:
-    """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run)."""
+    """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run), in ``shape``."""
 
     def run() -> dict[str, Any]:
         serve_checkpoint(urls.policy, checkpoint["path"])
@@ -172,6 +176,7 @@ def evaluate_checkpoint(
             dataset=data["name"],
             limit=limit,
             checkpoint_id=checkpoint["checkpoint_id"],
+            shape=shape,
         )
 
     return once(run_id, f"eval/{label}", run, "evaluation_id")
@@ -266,7 +271,7 @@ def pipeline(
     log.info("run %s (folder %s), episode shape %s", run_id, run_dir(run_id), shape)
     try:
         with services(run_dir(run_id), spec.model, shape) as urls:
-            result = stages(run_id, spec, hp, urls)
+            result = stages(run_id, spec, hp, shape.greedy(), urls)
     except BaseException as exc:
         reg.set_run_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -274,28 +279,31 @@ def pipeline(
     return result
 
 
-def stages(run_id: str, spec: RunSpec, hp: dict[str, Any], urls: ServiceUrls) -> dict[str, Any]:
-    """The pipeline's stages in order (each skipped when the registry says it finished)."""
+def stages(
+    run_id: str, spec: RunSpec, hp: dict[str, Any], greedy: EpisodeShape, urls: ServiceUrls
+) -> dict[str, Any]:
+    """The pipeline's stages in order (each skipped when the registry says it finished); every
+    evaluation answers in the run's episode shape, decoded greedily (``greedy``)."""
     recipe, seed, eval_limit = spec.recipe, spec.seed, spec.eval_limit
     data = once(
         run_id, "prepare_data", lambda: prepare_data(spec.dataset, run_id, seed, spec.limit), "dataset_id"
     )
     index = once(run_id, "build_index", lambda: build_index(run_id, data, urls.retriever), "index_id")
     collection = index["collection"]
-    evals = evaluations(run_id, urls, data, collection, recipe, spec.baselines, eval_limit)
+    evals = evaluations(run_id, urls, data, collection, recipe, spec.baselines, eval_limit, greedy)
     request = job_request(recipe, spec.trained_objective, spec.dataset, data, collection, seed, hp)
     if spec.sft_steps > 0:
         with progress.stage("warm_start", steps=spec.sft_steps):
             sft = warm_start(run_id, {**request, "model": spec.model, "steps": spec.sft_steps}, urls)
         # what the RL steps start from
-        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, recipe, eval_limit)
+        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, recipe, eval_limit, greedy)
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
         registry().add_checkpoint(run_id, 0, resolve_model(spec.model, MODEL_CACHE), {"objective": "base"})
     dev = {"path": data["paths"]["dev"], "limit": spec.dev_limit}
     with progress.stage("train", steps=spec.steps, segments=spec.segments):
         # the last checkpoint is evaluated on test right below: no dev check of it
         final = train(run_id, request, spec.steps, spec.segments, dev, urls, check_last=False)
-    after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, recipe, eval_limit)
+    after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, recipe, eval_limit, greedy)
     if spec.protocol:
         protocol, data_dir = spec.protocol, spec.data_dir
         once(

@@ -106,6 +106,17 @@ def cell(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value if value is not None else "-")
 
 
+def episode_cell(episode: dict[str, Any] | None) -> str:
+    """An evaluation's episode shape in words: steps x tokens within the budget, decoding, grammar."""
+    if not episode:
+        return "episode not recorded"
+    decoding = "greedy" if episode["temperature"] == 0 else f"temperature {episode['temperature']:g}"
+    grammar = "under the action grammar" if episode["grammar"] else "free of the grammar"
+    docs = f", {episode['top_k']} documents a search" if episode.get("top_k") else ""
+    return (f"{episode['max_steps']} steps x {episode['max_new_tokens_per_step']} tokens within "
+            f"{episode['token_budget']}, {decoding}, {grammar}{docs}")  # fmt: skip
+
+
 def scored_em(row: EvaluationRow) -> dict[str, float]:
     """Per question, the EM the recipe is scored on (flows.evaluate.breakdown): unanswerable
     questions are left out for a recipe without a refusal action, and count as correct when
@@ -213,6 +224,12 @@ def markdown_table(run_id: str) -> str:
                 for name, r in zip(names, group, strict=True)
             ],
         )
+        lines += ["### The episode each evaluation ran (after the service's limits)", ""]
+        lines += [
+            f"- `{name}`: {episode_cell(r.metrics.get('episode'))}; the service's limits lowered "
+            + ("; ".join(r.metrics.get("limited") or []) or "nothing")
+            for name, r in zip(names, group, strict=True)
+        ] + [""]
         lines += ["### By question type (EM; unanswerable: share refused; questions in brackets)", ""]
         lines += table(
             ["evaluation", *KINDS, "EM all"],

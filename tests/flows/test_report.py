@@ -42,6 +42,11 @@ def run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             "agent_k": 2.5, "agent_recall": 0.75, "agent_full_recall": 0.5, "agent_map": 0.625,
             "judge_llm_share": 0.5 if label == "final" else 1.0,
         }  # fmt: skip
+        if label == "final":  # what evaluate() stores: the episode that ran and the limits applied
+            metrics["episode"] = {"max_steps": 4, "max_new_tokens_per_step": 96, "token_budget": 1152,
+                                  "top_k": 5, "temperature": 0.0, "stop": None, "search_mode": "hybrid",
+                                  "grammar": False}  # fmt: skip
+            metrics["limited"] = ["token_budget 1152 -> 1024 (POLICY_TOKEN_BUDGET)"]
         predictions = [
             Prediction(question_id=f"q{i}", prediction="x", refused=False, em=em, f1=em,
                        judge_verdict=bool(em), retrieval_count=1, latency=1.0)
@@ -70,6 +75,11 @@ def test_report_tables_are_narrow(run_id: str) -> None:
     # final vs baseline: EM 0.75 vs 0 on the same 4 questions, a difference of +0.750
     (final,) = [c for c in cells if c[0] == "final" and c[1].startswith("+")]
     assert final[1] == "+0.750" and final[2].startswith("[")
+    assert (
+        "- `final`: 4 steps x 96 tokens within 1152, greedy, free of the grammar, 5 documents a search; "
+        "the service's limits lowered token_budget 1152 -> 1024 (POLICY_TOKEN_BUDGET)"
+    ) in text
+    assert "- `baseline`: episode not recorded; the service's limits lowered nothing" in text
     # half of final's judge verdicts came from the rules: one warning, for final only
     assert text.count("**Warning:**") == 1 and "`final`: 50% of the judge column's verdicts" in text
 
