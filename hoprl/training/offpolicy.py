@@ -55,6 +55,7 @@ from trl.trainer.utils import disable_dropout_in_model
 from hoprl.agent.trajectory import Episode
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.generation.chat import EngineChat
+from hoprl.recipes.scoring import score
 from hoprl.registry.store import Registry
 from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
@@ -77,7 +78,6 @@ from hoprl.training.rollout import (
     TrainingEngine,
     episode_stats,
     generation_mode,
-    score,
 )
 from hoprl.training.siblings import run_sibling_episodes, sibling_rows
 
