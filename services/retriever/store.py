@@ -98,7 +98,8 @@ def qdrant_filter(filter: dict[str, Any] | None, engine: Any) -> Any:
     if not filter:
         return None
     values = {key: value if isinstance(value, list) else [value] for key, value in filter.items()}
-    must = [engine.FieldCondition(key=f"metadata.{k}", match=engine.MatchAny(any=v)) for k, v in values.items()]
+    match = engine.MatchAny
+    must = [engine.FieldCondition(key=f"metadata.{k}", match=match(any=v)) for k, v in values.items()]
     return engine.Filter(must=must)
 
 
