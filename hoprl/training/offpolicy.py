@@ -61,6 +61,7 @@ from hoprl.schemas import Question
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
 from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer
+from hoprl.training.optimizer import adamw
 from hoprl.training.policy_loss import clipped_loss
 from hoprl.training.ppo import (
     PPOConfig,
@@ -157,7 +158,7 @@ class OffPolicyTrainer:
         self.optimizer = (
             ppo_optimizer(model, self.value_head, self.ppo)
             if objective == "ppo"
-            else torch.optim.AdamW(model.parameters(), lr=lr)
+            else adamw(("policy", model.parameters(), lr))
         )
         self.preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1
         self.branches: list[Episode] = []  # the last sibling step's scored branches
