@@ -22,7 +22,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 from starlette.concurrency import run_in_threadpool
@@ -45,7 +45,7 @@ from hoprl.schemas.policy_openai import (
     Usage,
     _OpenAIRequest,
 )
-from services.errors import ApiError
+from services.errors import ApiError, state_of
 from services.policy.agent import Policy
 from services.policy.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from services.policy.settings import PolicySettings
@@ -60,17 +60,8 @@ GENERATION_RESPONSES = SSE_RESPONSE | OPENAI_ERRORS
 # -- shared request handling -----------------------------------------------------------------------
 
 
-async def policy_of(request: Request) -> Policy:
-    """The policy the lifespan loaded; 503 while the model is loading.
-
-    A dependency, so a test can hand the routes another policy (``app.dependency_overrides``);
-    ``async`` so that resolving it takes no thread from the pool: with every thread decoding, a
-    request must still reach its 429 at once.
-    """
-    policy: Policy | None = getattr(request.app.state, "policy", None)
-    if policy is None:
-        raise ApiError(503, "not_ready", "the model is still loading", {"model": False})
-    return policy
+# the policy the lifespan loaded (async: with every thread decoding, a request still reaches its 429 at once)
+policy_of = state_of("policy", "the model is still loading", {"model": False})
 
 
 PolicyDep = Annotated[Policy, Depends(policy_of)]
