@@ -87,6 +87,16 @@ def versioned(name: str) -> Callable[[RewardFunc], RewardFunc]:
     return wrap
 
 
+def alias(fn: RewardFunc, name: str) -> RewardFunc:
+    """``fn`` under another versioned ``name`` (:func:`versioned`): the same reward, versioned apart."""
+
+    def same(*args: Any, **kwargs: Any) -> list[float | None]:
+        return fn(*args, **kwargs)
+
+    same.__doc__ = fn.__doc__
+    return versioned(name)(same)
+
+
 def unknown(kind: str, name: str, valid: dict[str, Any]) -> KeyError:
     """The error every plain-dict registry raises for an unknown name."""
     return KeyError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(valid))}")

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from hoprl.generation.engines import Generation, Prompt, SamplingParams
@@ -55,6 +56,13 @@ SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-s
 # /v1/models can only fail as any route can; the generation routes add their own errors.
 openai_router = APIRouter(route_class=OpenAIRoute, responses={k: OPENAI_ERRORS[k] for k in ("4XX", 500)})
 GENERATION_RESPONSES = SSE_RESPONSE | OPENAI_ERRORS
+
+
+def generation_route(path: str, operation_id: str, response_model: type[BaseModel]) -> Any:
+    """``POST path``: a generation route, answering ``response_model``, an SSE stream or OpenAI's errors."""
+    return openai_router.post(
+        path, operation_id=operation_id, response_model=response_model, responses=GENERATION_RESPONSES
+    )
 
 
 # -- shared request handling -----------------------------------------------------------------------
@@ -183,12 +191,7 @@ def list_models(policy: PolicyDep) -> ModelList:
     return ModelList(data=[card])
 
 
-@openai_router.post(
-    "/v1/chat/completions",
-    operation_id="chat_completions",
-    response_model=ChatCompletionResponse,
-    responses=GENERATION_RESPONSES,
-)
+@generation_route("/v1/chat/completions", "chat_completions", ChatCompletionResponse)
 async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI chat completions: the model's chat template, then sampling (``stream`` for SSE)."""
     model = _check(policy, body)
@@ -221,12 +224,7 @@ async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> An
     return ChatCompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
 
 
-@openai_router.post(
-    "/v1/completions",
-    operation_id="completions",
-    response_model=CompletionResponse,
-    responses=GENERATION_RESPONSES,
-)
+@generation_route("/v1/completions", "completions", CompletionResponse)
 async def completions(body: CompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI (legacy) text completions: the prompt as raw text, no chat template."""
     model = _check(policy, body)
