@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
+
+from pydantic import BaseModel
 
 from hoprl.agent.trajectory import ActionKind, RetrievedDoc
 from hoprl.schemas import Question
@@ -95,6 +97,18 @@ def alias(fn: RewardFunc, name: str) -> RewardFunc:
 
     same.__doc__ = fn.__doc__
     return versioned(name)(same)
+
+
+class CurriculumState(BaseModel):
+    """A curriculum whose whole state is its fields: saved in a checkpoint with :meth:`to_dict`,
+    restored with :meth:`from_dict` (:class:`hoprl.training.callbacks.Curricula`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Self:
+        return cls.model_validate(state)
 
 
 def unknown(kind: str, name: str, valid: dict[str, Any]) -> KeyError:

@@ -52,14 +52,14 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, model_validator
 
 from hoprl.agent.parsing import outside_text, parse_tags
 from hoprl.agent.trajectory import Episode
 from hoprl.data.synthetic import hops_for
 from hoprl.judging import Judge
 from hoprl.metrics.answer import containment, exact_match
-from hoprl.recipes.base import RewardFunc, versioned
+from hoprl.recipes.base import CurriculumState, RewardFunc, versioned
 from hoprl.recipes.baselines import (
     SearchR1,
     SearchR1Config,
@@ -117,7 +117,7 @@ WHEN_TO_SEARCH_PROMPT = (
 )
 
 
-class Curriculum(BaseModel):
+class Curriculum(CurriculumState):
     """The two-stage schedule: stage 1 then, once, stage 2.
 
     ``mode="steps"`` switches at ``switch_step``; ``mode="plateau"`` switches when the EMA of the
@@ -166,13 +166,6 @@ class Curriculum(BaseModel):
         if switch:
             self.stage, self.switched_at = 2, step
         return switch
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump()
-
-    @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> Curriculum:
-        return cls.model_validate(state)
 
 
 class WhenToSearchConfig(SearchR1Config):
