@@ -57,6 +57,18 @@ def test_eval_rar_reward(
     assert total([""], [ep.completion_text()], answers=[GOLD]) == pytest.approx([expected])
 
 
+def test_r_ans_is_the_baselines_exact_match_under_its_own_version() -> None:
+    from hoprl.recipes.baselines import exact_match_reward
+
+    # gold "Jane Roe": EM 1; "John Doe": 0; no answer: 0
+    eps = [episode([], "Jane Roe"), episode([], "John Doe"), episode(["x"], None)]
+    blank = [""] * 3
+    assert answer_reward(blank, blank, episodes=eps) == [1.0, 0.0, 0.0]
+    assert exact_match_reward(blank, blank, episodes=eps) == [1.0, 0.0, 0.0]
+    versions = (answer_reward.__version__, exact_match_reward.__version__)
+    assert versions == ("eval_rar_answer@1", "exact_match@1")
+
+
 def test_paper_default_r_eval_and_top_k() -> None:
     recipe = get_recipe("eval-rar")
     assert recipe.config.r_eval == 0.1 and recipe.top_k == 3
