@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     ev.set_defaults(func=cmd_eval_retrieval)
 
-    from hoprl.protocols import PROTOCOLS
+    from cli import protocol as protocol_cli
 
     ans = sub.add_parser(
         "eval-answers",
@@ -312,14 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Without URLs, a retriever and the default policy model are started in-process.",
     )
     ans.add_argument("--data", default=None, help="common-schema JSONL path, 'synthetic', or a hub name")
-    ans.add_argument(
-        "--protocol",
-        default=None,
-        choices=sorted(PROTOCOLS),
-        help="run this paper's evaluation (hoprl/protocols.py) instead of --data/--recipe: its datasets and "
+    protocol_cli.add_arguments(
+        ans,
+        "run this paper's evaluation (hoprl/protocols.py) instead of --data/--recipe: its datasets and "
         "splits, step cap, decoding, metrics; its results printed beside ours",
+        "--protocol: where the benchmark files are",
     )
-    ans.add_argument("--data-dir", default="../shared/data", help="--protocol: where the benchmark files are")
     ans.add_argument(
         "--datasets",
         nargs="+",

@@ -172,16 +172,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baselines", nargs="*", default=["naive-rag"], help="recipes on the untrained model"
     )
-    from hoprl.protocols import PROTOCOLS
+    from cli import protocol
 
-    parser.add_argument(
-        "--protocol",
-        default=None,
-        choices=sorted(PROTOCOLS),
-        help="after the final evaluation, run this paper's evaluation protocol (hoprl/protocols.py: "
+    protocol.add_arguments(
+        parser,
+        "after the final evaluation, run this paper's evaluation protocol (hoprl/protocols.py: "
         "its datasets from --data-dir, --eval-limit questions each, its step cap and decoding)",
+        "--protocol: the benchmark files",
     )
-    parser.add_argument("--data-dir", default="../shared/data", help="--protocol: the benchmark files")
     parser.add_argument("--run-id", default=None, help="resume this run (default: a new run)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(

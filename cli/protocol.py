@@ -23,6 +23,7 @@ from rich.table import Table
 from hoprl.domain import Question
 from hoprl.protocols import (
     METRIC_KEYS,
+    PROTOCOLS,
     EvalSet,
     Protocol,
     get_protocol,
@@ -34,6 +35,13 @@ from hoprl.protocols import sample as paper_sample
 
 console = Console(stderr=True)
 JUDGE_BATCH = 64
+
+
+def add_arguments(parser: argparse.ArgumentParser, protocol_help: str, data_dir_help: str) -> None:
+    """``--protocol RECIPE`` (a paper's evaluation, :data:`hoprl.protocols.PROTOCOLS`) and
+    ``--data-dir`` (where its benchmark files are, ``../shared/data``)."""
+    parser.add_argument("--protocol", default=None, choices=sorted(PROTOCOLS), help=protocol_help)
+    parser.add_argument("--data-dir", default="../shared/data", help=data_dir_help)
 
 
 def load_set(evalset: EvalSet, args: argparse.Namespace) -> tuple[list[Question] | None, str]:

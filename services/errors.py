@@ -18,7 +18,7 @@ route of the service:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -40,6 +40,25 @@ class ApiError(Exception):
     def __init__(self, status: int, error: str, message: str, detail: Any = None) -> None:
         super().__init__(message)
         self.status, self.error, self.message, self.detail = status, error, message, detail
+
+
+def state_of(name: str, starting: str, detail: Any = None) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency for what a service's lifespan puts on ``app.state.<name>``: the value, or a 503
+    ``not_ready`` saying ``starting`` (with ``detail``) until the lifespan has set it.
+
+    A dependency, so a test can hand the routes another one (``app.dependency_overrides``); ``async``,
+    so resolving it takes no thread from the pool the routes run in (with every thread busy, a
+    request must still reach its 429 or 503 at once).
+    """
+
+    async def of(request: Request) -> Any:
+        value = getattr(request.app.state, name, None)
+        if value is None:
+            raise ApiError(503, "not_ready", starting, detail)
+        return value
+
+    of.__name__ = f"{name}_of"
+    return of
 
 
 class StartupError(Exception):

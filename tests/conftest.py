@@ -3,9 +3,12 @@ model with the real tokenizer (:mod:`tests.models`), a synthetic-world index, a 
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -42,6 +45,17 @@ def shape(
             **rest,
         }
     )
+
+
+def load_script(relative: str, name: str) -> ModuleType:
+    """A file of the repository that is no package module (a bench or infra script, another
+    folder's conftest), imported by its path and registered as ``name``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def shared_file(name: str) -> Path:

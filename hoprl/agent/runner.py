@@ -76,7 +76,7 @@ class Searcher(Protocol):
     ``search`` (over HTTP), or anything with the same signature."""
 
     async def search(
-        self, collection: str, queries: list[str], top_k: int = 5, mode: SearchMode = "hybrid"
+        self, collection: str, queries: list[str], *, top_k: int = 5, mode: SearchMode = "hybrid"
     ) -> list[list[Hit]]: ...
 
 
@@ -205,6 +205,19 @@ class _Run:
             if await self.act(t, completion.text, action):
                 return
 
+    async def timed(self) -> Episode:
+        """:meth:`run` within ``timeout_s`` (else outcome ``timeout``); the episode, with its total
+        seconds and the tokens it used."""
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.opts.timeout_s):
+                await self.run()
+        except TimeoutError:
+            self.episode.outcome = "timeout"
+        self.episode.timings["total"] = time.perf_counter() - start
+        self.episode.meta["tokens"] = self.used
+        return self.episode
+
     async def act(self, t: int, text: str, action: Action) -> bool:
         """Apply one parsed action; True when the episode is over."""
         if action.kind == "search" and not action.queries:
@@ -280,18 +293,9 @@ async def run_episode(
     episode to train on.
     """
     opts = RunOptions(**options)
-    run = _Run(recipe, question, llm, retriever, collection, opts, sample)
-    start = time.perf_counter()
-    try:
-        async with asyncio.timeout(opts.timeout_s):
-            await run.run()
-    except TimeoutError:
-        run.episode.outcome = "timeout"
-    run.episode.timings["total"] = time.perf_counter() - start
-    run.episode.meta["tokens"] = run.used
-    ep = run.episode
+    ep = await _Run(recipe, question, llm, retriever, collection, opts, sample).timed()
     log.debug("episode %s/%d: %s after %d steps", question.id, sample, ep.outcome, len(ep.steps))
-    return run.episode
+    return ep
 
 
 async def run_episodes(

@@ -22,7 +22,7 @@ logprobs, when asked, cover only what the server generated, never the re-appende
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from openai import AsyncOpenAI
 
@@ -30,6 +30,29 @@ from hoprl.clients.http import api_key as service_api_key
 from hoprl.domain import Completion
 
 log = logging.getLogger(__name__)
+
+
+class ChatOptions(TypedDict, total=False):
+    """How a chat request samples: the one definition of the keyword arguments of
+    :meth:`LLMClient.chat` and :meth:`hoprl.generation.chat.EngineChat.chat` (a key left out takes
+    :data:`CHAT_DEFAULTS`)."""
+
+    stop: list[str] | None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    n: int
+    logprobs: bool
+
+
+CHAT_DEFAULTS: ChatOptions = {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "seed": None, "n": 1,
+                              "logprobs": False}  # fmt: skip
+
+
+def chat_options(options: ChatOptions) -> ChatOptions:
+    """``options`` over :data:`CHAT_DEFAULTS`, with ``stop`` always a list (``[]`` for none)."""
+    return {**CHAT_DEFAULTS, **options, "stop": list(options.get("stop") or [])}
 
 
 def expected_close(text: str, stop: list[str]) -> str | None:
@@ -82,32 +105,22 @@ class LLMClient:
         key = service_api_key(api_key) or "EMPTY"
         self.client = AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=retries)
 
-    async def chat(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        stop: list[str] | None = None,
-        max_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        n: int = 1,
-        logprobs: bool = False,
-    ) -> list[Completion]:
+    async def chat(self, messages: list[dict[str, str]], **options: Unpack[ChatOptions]) -> list[Completion]:
         """One chat request; returns ``n`` completions with their stop text restored."""
-        stop = list(stop or [])
+        o = chat_options(options)
+        stop, logprobs = o["stop"] or [], o["logprobs"]
         kwargs: dict[str, Any] = {}
         if stop:
             kwargs["stop"] = stop
-        if seed is not None:
-            kwargs["seed"] = seed
+        if o["seed"] is not None:
+            kwargs["seed"] = o["seed"]
         response = await self.client.chat.completions.create(
             model=self.model,
             messages=messages,  # type: ignore[arg-type]
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            n=n,
+            max_tokens=o["max_tokens"],
+            temperature=o["temperature"],
+            top_p=o["top_p"],
+            n=o["n"],
             logprobs=logprobs,
             **kwargs,
         )

@@ -12,7 +12,7 @@ The OpenAI-compatible routes need no client of ours: use the ``openai`` package,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import httpx
 
@@ -22,29 +22,57 @@ from hoprl.domain import EpisodeShape, Question
 from hoprl.schemas.policy import AnswerBatchResponse, AnswerResponse, CheckpointResponse, RolloutResponse
 
 
+class BatchFields(TypedDict, total=False):
+    """The optional fields of ``POST /v1/answer/batch`` besides the recipe and the collection (one left
+    out, or None, takes the service's default: :class:`hoprl.schemas.policy.AnswerBatchRequest`)."""
+
+    shape: EpisodeShape | None
+    max_steps: int | None
+    return_trace: bool
+    constrained: bool | None
+
+
+class AnswerFields(BatchFields, total=False):
+    """The optional fields of ``POST /v1/answer`` besides the recipe and the collection: the batch's,
+    and sampling (:class:`hoprl.schemas.policy.AnswerRequest`)."""
+
+    temperature: float
+    top_p: float
+    seed: int | None
+    paragraphs: list[dict[str, Any]]
+
+
+class RolloutFields(TypedDict, total=False):
+    """``n_samples`` (episodes per question, 1 when left out) and ``sampling``: ``shape`` (the run's
+    :class:`~hoprl.domain.EpisodeShape`), ``top_p``, ``seed``."""
+
+    n_samples: int
+    sampling: dict[str, Any] | None
+
+
+def _body(
+    key: str, value: Any, recipe: str | None, collection: str | None, fields: BatchFields
+) -> dict[str, Any]:
+    """``{key: value}`` and every field that is not None."""
+    given = {"recipe": recipe, "collection": collection, **fields}
+    return {key: value, **_json(given)}
+
+
 def _json(fields: dict[str, Any]) -> dict[str, Any]:
     """A request's set fields as JSON (an episode shape as its fields)."""
     return {k: v.model_dump(mode="json") if isinstance(v, EpisodeShape) else v for k, v in fields.items()
             if v is not None}  # fmt: skip
 
 
-def _answer_body(question: str, **fields: Any) -> dict[str, Any]:
-    return {"question": question, **_json(fields)}
-
-
-def _batch_body(questions: list[str], **fields: Any) -> dict[str, Any]:
-    return {"questions": questions, **_json(fields)}
-
-
 def _rollouts_body(
-    questions: list[Question], recipe: str, collection: str, n_samples: int, sampling: dict[str, Any] | None
+    questions: list[Question], recipe: str, collection: str, fields: RolloutFields
 ) -> dict[str, Any]:
     return {
         "questions": [q.model_dump() for q in questions],
         "recipe": recipe,
         "collection": collection,
-        "n_samples": n_samples,
-        "sampling": _json(sampling or {}),
+        "n_samples": fields.get("n_samples", 1),
+        "sampling": _json(fields.get("sampling") or {}),
     }
 
 
@@ -62,50 +90,23 @@ class PolicyClient(ServiceClient):
         self.admin_token = admin_token
         super().__init__(base_url, timeout, **kwargs)
 
-    def answer(
-        self,
-        question: str,
-        recipe: str | None = None,
-        collection: str | None = None,
-        max_steps: int | None = None,
-        return_trace: bool = False,
-        **options: Any,
-    ) -> AnswerResponse:
-        """``options``: the request's other fields (``shape``, an :class:`~hoprl.domain.EpisodeShape`;
-        ``temperature``, ``top_p``, ``seed``, ``paragraphs`` as dicts, ``constrained``); see
-        :class:`hoprl.schemas.policy.AnswerRequest`."""
-        body = _answer_body(
-            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace,
-            **options,
-        )  # fmt: skip
+    def answer(self, question: str, recipe: str | None = None, collection: str | None = None,
+               **fields: Unpack[AnswerFields]) -> AnswerResponse:  # fmt: skip
+        """``fields``: :class:`AnswerFields` (``return_trace``, ``temperature``, ``paragraphs``...)."""
+        body = _body("question", question, recipe, collection, fields)
         return AnswerResponse.model_validate(_check(self.http.post("/v1/answer", json=body)))
 
-    def answer_batch(
-        self,
-        questions: list[str],
-        recipe: str | None = None,
-        collection: str | None = None,
-        max_steps: int | None = None,
-        return_trace: bool = False,
-        constrained: bool | None = None,
-        shape: EpisodeShape | None = None,
-    ) -> AnswerBatchResponse:
+    def answer_batch(self, questions: list[str], recipe: str | None = None, collection: str | None = None,
+                     **fields: Unpack[BatchFields]) -> AnswerBatchResponse:  # fmt: skip
         """Answer ``questions`` together in lock-step rounds, greedily: the same request to the same
         checkpoint and index gives the same answers (``POST /v1/answer/batch``)."""
-        body = _batch_body(questions, recipe=recipe, collection=collection, max_steps=max_steps,
-                           return_trace=return_trace, constrained=constrained, shape=shape)  # fmt: skip
+        body = _body("questions", questions, recipe, collection, fields)
         return AnswerBatchResponse.model_validate(_check(self.http.post("/v1/answer/batch", json=body)))
 
-    def rollouts(
-        self,
-        questions: list[Question],
-        recipe: str,
-        collection: str,
-        n_samples: int = 1,
-        sampling: dict[str, Any] | None = None,
-    ) -> RolloutResponse:
-        """``sampling``: ``shape`` (the run's :class:`~hoprl.domain.EpisodeShape`), ``top_p``, ``seed``."""
-        body = _rollouts_body(questions, recipe, collection, n_samples, sampling)
+    def rollouts(self, questions: list[Question], recipe: str, collection: str,
+                 **fields: Unpack[RolloutFields]) -> RolloutResponse:  # fmt: skip
+        """``fields``: :class:`RolloutFields` (``n_samples``, ``sampling``)."""
+        body = _rollouts_body(questions, recipe, collection, fields)
         return RolloutResponse.model_validate(_check(self.http.post("/v1/rollouts", json=body)))
 
     def switch_checkpoint(self, path: str) -> CheckpointResponse:
@@ -128,47 +129,21 @@ class AsyncPolicyClient:
         self.admin_token = admin_token
         self.http = httpx.AsyncClient(base_url=base_url, **client_options(timeout, kwargs))
 
-    async def answer(
-        self,
-        question: str,
-        recipe: str | None = None,
-        collection: str | None = None,
-        max_steps: int | None = None,
-        return_trace: bool = False,
-        **options: Any,
-    ) -> AnswerResponse:
-        """``options``: the request's other fields (``temperature``, ``top_p``, ``seed``,
-        ``paragraphs`` as dicts, ``constrained``); see :class:`hoprl.schemas.policy.AnswerRequest`."""
-        body = _answer_body(
-            question, recipe=recipe, collection=collection, max_steps=max_steps, return_trace=return_trace,
-            **options,
-        )  # fmt: skip
+    async def answer(self, question: str, recipe: str | None = None, collection: str | None = None,
+                     **fields: Unpack[AnswerFields]) -> AnswerResponse:  # fmt: skip
+        body = _body("question", question, recipe, collection, fields)
         return AnswerResponse.model_validate(_check(await self.http.post("/v1/answer", json=body)))
 
-    async def answer_batch(
-        self,
-        questions: list[str],
-        recipe: str | None = None,
-        collection: str | None = None,
-        max_steps: int | None = None,
-        return_trace: bool = False,
-        constrained: bool | None = None,
-        shape: EpisodeShape | None = None,
-    ) -> AnswerBatchResponse:
-        body = _batch_body(questions, recipe=recipe, collection=collection, max_steps=max_steps,
-                           return_trace=return_trace, constrained=constrained, shape=shape)  # fmt: skip
+    async def answer_batch(self, questions: list[str], recipe: str | None = None,
+                           collection: str | None = None,
+                           **fields: Unpack[BatchFields]) -> AnswerBatchResponse:  # fmt: skip
+        body = _body("questions", questions, recipe, collection, fields)
         response = await self.http.post("/v1/answer/batch", json=body)
         return AnswerBatchResponse.model_validate(_check(response))
 
-    async def rollouts(
-        self,
-        questions: list[Question],
-        recipe: str,
-        collection: str,
-        n_samples: int = 1,
-        sampling: dict[str, Any] | None = None,
-    ) -> RolloutResponse:
-        body = _rollouts_body(questions, recipe, collection, n_samples, sampling)
+    async def rollouts(self, questions: list[Question], recipe: str, collection: str,
+                       **fields: Unpack[RolloutFields]) -> RolloutResponse:  # fmt: skip
+        body = _rollouts_body(questions, recipe, collection, fields)
         return RolloutResponse.model_validate(_check(await self.http.post("/v1/rollouts", json=body)))
 
     async def switch_checkpoint(self, path: str) -> CheckpointResponse:
@@ -180,4 +155,11 @@ class AsyncPolicyClient:
         await self.http.aclose()
 
 
-__all__ = ["AsyncPolicyClient", "PolicyClient", "ServiceError"]
+__all__ = [
+    "AnswerFields",
+    "AsyncPolicyClient",
+    "BatchFields",
+    "PolicyClient",
+    "RolloutFields",
+    "ServiceError",
+]

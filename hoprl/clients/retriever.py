@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import httpx
 
@@ -13,10 +13,18 @@ from hoprl.schemas import Document
 from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchResponse
 
 
-def _search_body(
-    collection: str, queries: list[str], top_k: int, mode: SearchMode, filter: dict[str, Any] | None
-) -> dict[str, Any]:
-    return {"collection": collection, "queries": queries, "top_k": top_k, "mode": mode, "filter": filter}
+class SearchOptions(TypedDict, total=False):
+    """How to search (:class:`hoprl.schemas.retriever.SearchRequest`): ``top_k`` hits per query
+    (5 when left out), ``mode`` (``hybrid``) and a metadata ``filter`` (none)."""
+
+    top_k: int
+    mode: SearchMode
+    filter: dict[str, Any] | None
+
+
+def _search_body(collection: str, queries: list[str], options: SearchOptions) -> dict[str, Any]:
+    defaults: SearchOptions = {"top_k": 5, "mode": "hybrid", "filter": None}
+    return {"collection": collection, "queries": queries, **defaults, **options}
 
 
 def _ingest_body(documents: list[Document]) -> dict[str, Any]:
@@ -27,14 +35,9 @@ class RetrieverClient(ServiceClient):
     """Blocking client. ``RetrieverClient("http://127.0.0.1:8001").search("hotpotqa", ["q"])``."""
 
     def search(
-        self,
-        collection: str,
-        queries: list[str],
-        top_k: int = 5,
-        mode: SearchMode = "hybrid",
-        filter: dict[str, Any] | None = None,
+        self, collection: str, queries: list[str], **options: Unpack[SearchOptions]
     ) -> list[list[Hit]]:
-        body = _search_body(collection, queries, top_k, mode, filter)
+        body = _search_body(collection, queries, options)
         return SearchResponse.model_validate(_check(self.http.post("/v1/search", json=body))).results
 
     def ingest(self, collection: str, documents: list[Document]) -> IngestResponse:
@@ -55,14 +58,9 @@ class AsyncRetrieverClient:
         self.http = httpx.AsyncClient(base_url=base_url, **client_options(timeout, kwargs))
 
     async def search(
-        self,
-        collection: str,
-        queries: list[str],
-        top_k: int = 5,
-        mode: SearchMode = "hybrid",
-        filter: dict[str, Any] | None = None,
+        self, collection: str, queries: list[str], **options: Unpack[SearchOptions]
     ) -> list[list[Hit]]:
-        body = _search_body(collection, queries, top_k, mode, filter)
+        body = _search_body(collection, queries, options)
         response = await self.http.post("/v1/search", json=body)
         return SearchResponse.model_validate(_check(response)).results
 

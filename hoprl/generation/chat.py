@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from anyio import to_thread
 
 from hoprl.agent.grammar import Grammar, Turn, grammar
-from hoprl.clients.llm import restore_stop
+from hoprl.clients.llm import ChatOptions, chat_options, restore_stop
 from hoprl.domain import Completion
 from hoprl.generation.engines import Engine, Generation, SamplingParams
 
@@ -137,26 +137,17 @@ class EngineChat:
         self.grammars: list[str | None] = []
         self.sizes: list[int] = []  # tokens of the chat at each constrained call
 
-    async def chat(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        stop: list[str] | None = None,
-        max_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        n: int = 1,
-        logprobs: bool = False,
-    ) -> list[Completion]:
-        stop = list(stop or [])
+    async def chat(self, messages: list[dict[str, str]], **options: Unpack[ChatOptions]) -> list[Completion]:
+        o = chat_options(options)
+        stop, max_tokens = o["stop"] or [], o["max_tokens"]
         rule = self.rule(messages, max_tokens) if self.constraint else None
-        params = sampling_params(stop, max_tokens, temperature, top_p, seed, n, logprobs or self.logprobs,
-                                 self.deadline, rule.lark if rule else None)  # fmt: skip
+        lark = rule.lark if rule else None
+        params = sampling_params(stop, max_tokens, o["temperature"], o["top_p"], o["seed"], o["n"],
+                                 o["logprobs"] or self.logprobs, self.deadline, lark)  # fmt: skip
         gens = await self.generate(messages, params)
         self.calls.extend(gens)
         self.grammars.extend([rule.name if rule else None] * len(gens))
-        return completions(gens, stop, logprobs)
+        return completions(gens, stop, o["logprobs"])
 
     async def generate(self, messages: Messages, params: SamplingParams) -> list[Generation]:
         (gens,) = await to_thread.run_sync(self.engine.generate, [messages], params)

@@ -87,6 +87,30 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+def encode_prompt(tokenizer: Any, prompt: Prompt, model_path: str) -> list[int]:
+    """Token ids of a raw prompt, or of chat messages under the model's chat template with no extra
+    special tokens (ValueError when the model has no template): how every local engine encodes."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"])
+    if not tokenizer.chat_template:
+        raise ValueError(f"the model {model_path!r} has no chat template; use /v1/completions")
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def check_prompts(encoded: Sequence[Sequence[int]], max_tokens: int, context: int | None) -> None:
+    """ValueError for an empty prompt, or for one that with ``max_tokens`` exceeds the model's
+    ``context`` (None or 0: not known, not checked)."""
+    for ids in encoded:
+        if not ids:
+            raise ValueError("the prompt is empty; send at least one token of text")
+        if context and len(ids) + max_tokens > context:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} that exceeds "
+                f"the model's context of {context} tokens"
+            )
+
+
 def find_stop(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
     """The earliest stop string in ``text`` as ``(position, string)``; ``None`` when none occurs."""
     found = [(text.find(s), s) for s in stop if s and s in text]

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hoprl.generation.engines import Generation, Prompt, SamplingParams
+from hoprl.generation.engines import Generation, Prompt, SamplingParams, check_prompts, encode_prompt
 
 
 class TransformersEngine:
@@ -83,13 +83,7 @@ class TransformersEngine:
 
     def encode(self, prompt: Prompt, tokenizer: Any = None) -> list[int]:
         """Token ids of a raw prompt, or of chat messages under the chat template (ValueError if none)."""
-        tok = tokenizer or self.tokenizer
-        if isinstance(prompt, str):
-            return list(tok(prompt)["input_ids"])
-        if not tok.chat_template:
-            raise ValueError(f"the model {self.model_path!r} has no chat template; use /v1/completions")
-        text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return encode_prompt(tokenizer or self.tokenizer, prompt, self.model_path)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         from hoprl.generation.rows import Retired
@@ -119,15 +113,7 @@ class TransformersEngine:
 
         tok = batcher.tokenizer
         encoded = [self.encode(p, tok) for p in prompts]
-        context = batcher.model.config.max_position_embeddings
-        for ids in encoded:
-            if not ids:
-                raise ValueError("the prompt is empty; send at least one token of text")
-            if len(ids) + params.max_tokens > context:
-                raise ValueError(
-                    f"the prompt has {len(ids)} tokens; with max_tokens={params.max_tokens} that exceeds "
-                    f"the model's context of {context} tokens"
-                )
+        check_prompts(encoded, params.max_tokens, batcher.model.config.max_position_embeddings)
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
         call = Call(params, generator=generator)
         for choice, ids in enumerate(ids for ids in encoded for _ in range(params.n)):

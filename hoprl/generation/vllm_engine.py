@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hoprl.generation.engines import Generation, Prompt, SamplingParams
+from hoprl.generation.engines import Generation, Prompt, SamplingParams, check_prompts, encode_prompt
 
 #: config.json keys whose equality lets a checkpoint's weights be reloaded into the running engine
 SHAPES = ("architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -203,24 +203,11 @@ class VllmEngine:
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids as the transformers engine encodes them (chat template, no extra specials)."""
-        tok = self.tokenizer
-        if isinstance(prompt, str):
-            return list(tok(prompt)["input_ids"])
-        if not tok.chat_template:
-            raise ValueError(f"the model {self.model_path!r} has no chat template; use /v1/completions")
-        text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return encode_prompt(self.tokenizer, prompt, self.model_path)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         encoded = [self.encode(p) for p in prompts]
-        for ids in encoded:
-            if not ids:
-                raise ValueError("the prompt is empty; send at least one token of text")
-            if self.context and len(ids) + params.max_tokens > self.context:
-                raise ValueError(
-                    f"the prompt has {len(ids)} tokens; with max_tokens={params.max_tokens} that exceeds "
-                    f"the model's context of {self.context} tokens"
-                )
+        check_prompts(encoded, params.max_tokens, self.context)
         return self._call(self._generate(encoded, params))
 
     async def _generate(self, encoded: list[list[int]], params: SamplingParams) -> list[list[Generation]]:

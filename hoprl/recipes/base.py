@@ -18,7 +18,9 @@ signals are computed per step (``Step.signals``) and reduced to one number by
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol, Self
+
+from pydantic import BaseModel
 
 from hoprl.domain import Action, Question, RetrievedDoc
 
@@ -72,3 +74,25 @@ def versioned(name: str) -> Callable[[RewardFunc], RewardFunc]:
         return fn
 
     return wrap
+
+
+def alias(fn: RewardFunc, name: str) -> RewardFunc:
+    """``fn`` under another versioned ``name`` (:func:`versioned`): the same reward, versioned apart."""
+
+    def same(*args: Any, **kwargs: Any) -> list[float | None]:
+        return fn(*args, **kwargs)
+
+    same.__doc__ = fn.__doc__
+    return versioned(name)(same)
+
+
+class CurriculumState(BaseModel):
+    """A curriculum whose whole state is its fields: saved in a checkpoint with :meth:`to_dict`,
+    restored with :meth:`from_dict` (:class:`hoprl.training.callbacks.Curricula`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Self:
+        return cls.model_validate(state)

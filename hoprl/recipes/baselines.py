@@ -183,10 +183,9 @@ SEARCH_R1_PROMPT = (
 )
 
 
-class SearchR1Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SearchR1Config(NaiveRAGConfig):
+    """Naive RAG's settings (top-3) with Search-R1's prompt."""
 
-    top_k: int = 3
     system_prompt: str = SEARCH_R1_PROMPT
 
 

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from hoprl.domain import Episode
 from hoprl.metrics.answer import containment
-from hoprl.recipes.base import RewardFunc, versioned
+from hoprl.recipes.base import RewardFunc, alias, versioned
 from hoprl.recipes.baselines import (
     SearchR1,
     SearchR1Config,
@@ -77,16 +77,8 @@ def evaluate_text(text: str) -> str:
     return " ".join(parse_tags(text, ["evaluate", "information"]).contents("evaluate"))
 
 
-@versioned("eval_rar_answer@1")
-def answer_reward(
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    answers: Sequence[list[str]] | None = None,
-    episodes: Sequence[Episode] | None = None,
-    **kwargs: Any,
-) -> list[float | None]:
-    """R_ans: exact match of the final answer (1 or 0): the baselines' outcome reward, versioned apart."""
-    return exact_match_reward(prompts, completions, answers=answers, episodes=episodes, **kwargs)
+#: R_ans: exact match of the final answer (1 or 0): the baselines' outcome reward, versioned apart
+answer_reward = alias(exact_match_reward, "eval_rar_answer@1")
 
 
 def make_evaluate_reward(r_eval: float = 0.1) -> RewardFunc:

@@ -52,13 +52,13 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, model_validator
 
 from hoprl.data.synthetic import hops_for
 from hoprl.domain import Episode, Question
 from hoprl.judging import Judge
 from hoprl.metrics.answer import containment, exact_match
-from hoprl.recipes.base import RewardFunc, versioned
+from hoprl.recipes.base import CurriculumState, RewardFunc, versioned
 from hoprl.recipes.baselines import (
     SearchR1,
     SearchR1Config,
@@ -116,7 +116,7 @@ WHEN_TO_SEARCH_PROMPT = (
 )
 
 
-class Curriculum(BaseModel):
+class Curriculum(CurriculumState):
     """The two-stage schedule: stage 1 then, once, stage 2.
 
     ``mode="steps"`` switches at ``switch_step``; ``mode="plateau"`` switches when the EMA of the
@@ -165,13 +165,6 @@ class Curriculum(BaseModel):
         if switch:
             self.stage, self.switched_at = 2, step
         return switch
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump()
-
-    @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> Curriculum:
-        return cls.model_validate(state)
 
 
 class WhenToSearchConfig(SearchR1Config):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, func, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -22,6 +22,8 @@ from hoprl.registry.migrate import migrate
 from hoprl.registry.models import Base, RunRow
 from hoprl.registry.ownership import RUN_OWNER, TABLE_OWNER, Owner, check_owner, validate_owner
 from hoprl.settings import get_settings
+
+Row = TypeVar("Row", bound=Base)
 
 DEFAULT_URL = "sqlite:///.hoprl/registry.db"
 
@@ -96,6 +98,11 @@ class RegistryBase:
         """The typed methods' session: they check ownership themselves, with a clearer message."""
         with self._sessions.begin() as session:
             yield session
+
+    def _of_run(self, model: type[Row], run_id: str, order: Any) -> list[Row]:
+        """The rows of ``model`` that belong to ``run_id``, in ``order`` (a column)."""
+        with self._transaction() as s:
+            return list(s.scalars(select(model).filter_by(run_id=run_id).order_by(order)))
 
     def _insert(self, model: type[Base]) -> Any:
         """The dialect's INSERT, which has ``on_conflict_do_nothing`` / ``on_conflict_do_update``."""

@@ -91,15 +91,10 @@ class ProgressRecords(RegistryBase):
             return s.scalars(query).one_or_none()
 
     def stages(self, run_id: str) -> list[StageRow]:
-        with self._transaction() as s:
-            return list(
-                s.scalars(select(StageRow).filter_by(run_id=run_id).order_by(StageRow.started_at_step))
-            )
+        return self._of_run(StageRow, run_id, StageRow.started_at_step)
 
     def stage_switches(self, run_id: str) -> list[StageSwitchRow]:
-        query = select(StageSwitchRow).filter_by(run_id=run_id).order_by(StageSwitchRow.step)
-        with self._transaction() as s:
-            return list(s.scalars(query))
+        return self._of_run(StageSwitchRow, run_id, StageSwitchRow.step)
 
     # -- checkpoints and metrics ----------------------------------------------------------------
 
@@ -120,10 +115,7 @@ class ProgressRecords(RegistryBase):
             return s.scalars(query).one_or_none()
 
     def checkpoints(self, run_id: str) -> list[CheckpointRow]:
-        with self._transaction() as s:
-            return list(
-                s.scalars(select(CheckpointRow).filter_by(run_id=run_id).order_by(CheckpointRow.step))
-            )
+        return self._of_run(CheckpointRow, run_id, CheckpointRow.step)
 
     def log_metrics(self, run_id: str, step: int, metrics: Mapping[str, float]) -> None:
         """Upsert one value per metric name at ``step``; re-logging a step overwrites it."""

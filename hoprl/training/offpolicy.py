@@ -55,10 +55,12 @@ from trl.trainer.utils import disable_dropout_in_model
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.domain import Episode, Question
 from hoprl.generation.chat import EngineChat
+from hoprl.recipes.scoring import score
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
 from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer
+from hoprl.training.optimizer import adamw
 from hoprl.training.policy_loss import clipped_loss
 from hoprl.training.ppo import (
     PPOConfig,
@@ -76,7 +78,6 @@ from hoprl.training.rollout import (
     TrainingEngine,
     episode_stats,
     generation_mode,
-    score,
 )
 from hoprl.training.siblings import run_sibling_episodes, sibling_rows
 
@@ -156,7 +157,7 @@ class OffPolicyTrainer:
         self.optimizer = (
             ppo_optimizer(model, self.value_head, self.ppo)
             if objective == "ppo"
-            else torch.optim.AdamW(model.parameters(), lr=lr)
+            else adamw(("policy", model.parameters(), lr))
         )
         self.preference = preference_learner(hp, recipe, request.seed)  # EVO-RAG's Algorithm 1
         self.branches: list[Episode] = []  # the last sibling step's scored branches

@@ -75,6 +75,7 @@ from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, pad
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.domain import Episode, TokenTrajectory
 from hoprl.recipes.evo_rag import EvoRagConfig, episode_step_rewards
+from hoprl.training.optimizer import adamw
 
 log = logging.getLogger("hoprl.trainer.ppo")
 
@@ -224,11 +225,9 @@ def make_critic(
 def ppo_optimizer(policy: nn.Module, critic: Critic, config: PPOConfig) -> torch.optim.AdamW:
     """AdamW with two parameter groups: the policy at ``learning_rate``, the critic at
     ``critic_learning_rate`` (a shared critic's group is its head alone)."""
-    return torch.optim.AdamW(
-        [
-            {"params": list(policy.parameters()), "lr": config.learning_rate, "name": "policy"},
-            {"params": list(critic.parameters()), "lr": config.critic_learning_rate, "name": "critic"},
-        ]
+    return adamw(
+        ("policy", policy.parameters(), config.learning_rate),
+        ("critic", critic.parameters(), config.critic_learning_rate),
     )
 
 

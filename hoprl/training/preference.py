@@ -51,7 +51,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -64,6 +64,7 @@ from hoprl.domain import Episode
 from hoprl.embedding import default_model_path
 from hoprl.recipes.evo_rag import SIGNALS, EvoRagConfig, Stage, step_weights
 from hoprl.training.dpo import candidate_values, sibling_groups
+from hoprl.training.optimizer import ParamGroup, adamw
 
 log = logging.getLogger("hoprl.trainer.preference")
 
@@ -225,10 +226,10 @@ def _score_pairs(
 def make_optimizer(model: PreferenceModel, config: PreferenceConfig) -> torch.optim.Optimizer:
     """AdamW with the heads at ``head_learning_rate`` and (if trained) the encoder at ``learning_rate``."""
     model.encoder.requires_grad_(config.train_encoder)
-    groups: list[dict[str, Any]] = [{"params": model.heads.parameters(), "lr": config.head_learning_rate}]
+    groups: list[ParamGroup] = [("heads", model.heads.parameters(), config.head_learning_rate)]
     if config.train_encoder:
-        groups.append({"params": model.encoder.parameters(), "lr": config.learning_rate})
-    return torch.optim.AdamW(groups)
+        groups.append(("encoder", model.encoder.parameters(), config.learning_rate))
+    return adamw(*groups)
 
 
 def train_preference(

@@ -65,6 +65,7 @@ from hoprl.recipes.r2ag import (
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
+from hoprl.training.optimizer import adamw
 from hoprl.training.policy_loss import clipped_loss, group_advantages, level_advantages
 from hoprl.training.rollout import RolloutOptions, TrainingEngine, generation_mode
 
@@ -142,7 +143,7 @@ class R2agRounds:
         self.l_max: int = recipe.config.l_max
         self.curricula = Curricula(recipe)  # R2AG has no reward curriculum; its levels are the stages
         self.engine = TrainingEngine(model, tokenizer)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=hp.learning_rate or 1e-5)
+        self.optimizer = adamw(("policy", model.parameters(), hp.learning_rate or 1e-5))
         self.epoch = self.level = self.cursor = 0
         self.forest: Forest = []  # RR-Forest^j
         self.next_forest: Forest = []  # RR-Forest^{j+1}, built batch by batch

@@ -59,7 +59,7 @@ from hoprl.domain import Episode, EpisodeShape, Question, cut_shares
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
-from hoprl.recipes.baselines import generated_texts
+from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
 from hoprl.training.hardware import bf16_mixed_precision
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
@@ -111,33 +111,6 @@ def generation_mode(model: Any, threads: int) -> Iterator[None]:
     finally:
         torch.set_num_threads(previous)
         model.train(was_training)
-
-
-def question_columns(questions: Sequence[Question]) -> dict[str, list[Any]]:
-    """The dataset columns reward functions read, one entry per completion."""
-    return {
-        "answers": [list(q.answers) for q in questions],
-        "gold_titles": [list(q.gold_titles) for q in questions],
-        "paragraphs": [[p.model_dump() for p in q.paragraphs] for q in questions],
-    }
-
-
-def score(reward_funcs: Sequence[Any], weights: Sequence[float], episodes: list[Episode],
-          questions: list[Question]) -> tuple[list[dict[str, float]], list[float]]:  # fmt: skip
-    """Every reward function on ``episodes``: per-episode ``{name@version: value}`` and the weighted
-    total TRL will compute too (``None`` rewards count as 0 in the total, as in TRL's nansum)."""
-    texts = generated_texts([], episodes)
-    columns = question_columns(questions)
-    per: list[dict[str, float]] = [{} for _ in episodes]
-    totals = [0.0] * len(episodes)
-    for fn, w in zip(reward_funcs, weights, strict=True):
-        name = getattr(fn, "__version__", getattr(fn, "__name__", "reward"))
-        values = fn(prompts=[e.question for e in episodes], completions=texts, episodes=episodes, **columns)
-        for i, v in enumerate(values):
-            if v is not None:
-                per[i][name] = float(v)
-                totals[i] += w * float(v)
-    return per, totals
 
 
 def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -34,7 +34,6 @@ independent episodes per question normalised per step index: :mod:`hoprl.trainin
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,16 +95,7 @@ async def run_sibling_episodes(recipe: AgentRecipe, questions: Sequence[Question
 
     async def one(question: Question) -> Episode:
         async with semaphore:
-            run = SiblingRun(recipe, question, llm, retriever, collection, opts, 0, k=k)
-            start = time.perf_counter()
-            try:
-                async with asyncio.timeout(opts.timeout_s):
-                    await run.run()
-            except TimeoutError:
-                run.episode.outcome = "timeout"
-            run.episode.timings["total"] = time.perf_counter() - start
-            run.episode.meta["tokens"] = run.used
-            return run.episode
+            return await SiblingRun(recipe, question, llm, retriever, collection, opts, 0, k=k).timed()
 
     return list(await asyncio.gather(*(one(q) for q in questions)))
 

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from hoprl.domain import Episode, TokenTrajectory
-from hoprl.generation.engines import Generation, Prompt, SamplingParams, find_stop
+from hoprl.generation.engines import Generation, Prompt, SamplingParams, encode_prompt, find_stop
 from hoprl.generation.rows import tokens_through
 from hoprl.training import distributed
 
@@ -75,11 +75,7 @@ class VllmRolloutEngine:
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids as the transformers engine encodes them (chat template, no extra specials)."""
-        tok = self.tokenizer
-        if isinstance(prompt, str):
-            return list(tok(prompt)["input_ids"])
-        text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return encode_prompt(self.tokenizer, prompt, self.model_path)
 
     # -- rounds -----------------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import openai
 from openai import AsyncOpenAI
@@ -104,34 +106,32 @@ class OpenAIBackend:
         self.rules = RulesJudge()
 
     async def answer(self, items: list[AnswerItem]) -> list[JudgeVerdict]:
-        prompt = self.answer_prompt
-        limit = asyncio.Semaphore(self.settings.concurrency)
-
-        async def one(item: AnswerItem) -> JudgeVerdict:
-            text = render_answer(prompt, item.question, item.prediction, item.references)
-            async with limit:
-                verdict = await self._ask(prompt, text)
-            if isinstance(verdict, str):
-                rules = self.rules.answer(item.prediction, item.references, item.question)
-                return _service_verdict(rules, fallback=True, fallback_reason=verdict)
-            return verdict
-
-        return list(await asyncio.gather(*(one(item) for item in items)))
+        texts = [render_answer(self.answer_prompt, i.question, i.prediction, i.references) for i in items]
+        rules = [partial(self.rules.answer, i.prediction, i.references, i.question) for i in items]
+        return await self._judge(self.answer_prompt, texts, rules)
 
     async def answerable(self, items: list[AnswerableItem]) -> list[JudgeVerdict]:
-        prompt = self.answerable_prompt
+        texts = [
+            render_answerable(self.answerable_prompt, i.question, i.evidence, i.references) for i in items
+        ]
+        rules = [partial(self.rules.answerable, i.question, i.evidence, i.references) for i in items]
+        return await self._judge(self.answerable_prompt, texts, rules)
+
+    async def _judge(
+        self, prompt: Prompt, texts: list[str], rules: Sequence[Callable[[], Verdict]]
+    ) -> list[JudgeVerdict]:
+        """Every text asked of the model under ``prompt`` (``concurrency`` at a time); one the model
+        fails on gets its rules' verdict, marked as a fallback with the reason."""
         limit = asyncio.Semaphore(self.settings.concurrency)
 
-        async def one(item: AnswerableItem) -> JudgeVerdict:
-            text = render_answerable(prompt, item.question, item.evidence, item.references)
+        async def one(text: str, fallback: Callable[[], Verdict]) -> JudgeVerdict:
             async with limit:
                 verdict = await self._ask(prompt, text)
             if isinstance(verdict, str):
-                rules = self.rules.answerable(item.question, item.evidence, item.references)
-                return _service_verdict(rules, fallback=True, fallback_reason=verdict)
+                return _service_verdict(fallback(), fallback=True, fallback_reason=verdict)
             return verdict
 
-        return list(await asyncio.gather(*(one(item) for item in items)))
+        return list(await asyncio.gather(*(one(t, r) for t, r in zip(texts, rules, strict=True))))
 
     async def _ask(self, prompt: Prompt, text: str) -> JudgeVerdict | str:
         """The model's verdict on ``text``, or a string saying why there is none."""

@@ -17,7 +17,7 @@ from hoprl.schemas.judge import (
     JudgeVerdict,
     VerdictsResponse,
 )
-from services.errors import ERROR_RESPONSES, ApiError
+from services.errors import ERROR_RESPONSES, ApiError, state_of
 from services.judge.backends import Backend
 from services.judge.cache import VerdictCache, cache_key
 from services.judge.settings import JudgeSettings
@@ -30,20 +30,8 @@ Item = TypeVar("Item", AnswerItem, AnswerableItem)
 # (app.dependency_overrides); async, so resolving them takes no thread from the pool.
 
 
-async def backend_of(request: Request) -> Backend:
-    """The backend the lifespan made; 503 before it has."""
-    backend: Backend | None = getattr(request.app.state, "backend", None)
-    if backend is None:
-        raise ApiError(503, "not_ready", "the judge is still starting")
-    return backend
-
-
-async def cache_of(request: Request) -> VerdictCache:
-    """The verdict cache the lifespan opened; 503 before it has."""
-    cache: VerdictCache | None = getattr(request.app.state, "cache", None)
-    if cache is None:
-        raise ApiError(503, "not_ready", "the judge is still starting")
-    return cache
+backend_of = state_of("backend", "the judge is still starting")  # the backend the lifespan made
+cache_of = state_of("cache", "the judge is still starting")  # the verdict cache it opened
 
 
 async def settings_of(request: Request) -> JudgeSettings:

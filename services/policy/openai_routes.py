@@ -22,9 +22,10 @@ from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from hoprl.generation.engines import Generation, Prompt, SamplingParams
@@ -45,7 +46,7 @@ from hoprl.schemas.policy_openai import (
     Usage,
     _OpenAIRequest,
 )
-from services.errors import ApiError
+from services.errors import ApiError, state_of
 from services.policy.agent import Policy
 from services.policy.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from services.policy.settings import PolicySettings
@@ -57,20 +58,18 @@ openai_router = APIRouter(route_class=OpenAIRoute, responses={k: OPENAI_ERRORS[k
 GENERATION_RESPONSES = SSE_RESPONSE | OPENAI_ERRORS
 
 
+def generation_route(path: str, operation_id: str, response_model: type[BaseModel]) -> Any:
+    """``POST path``: a generation route, answering ``response_model``, an SSE stream or OpenAI's errors."""
+    return openai_router.post(
+        path, operation_id=operation_id, response_model=response_model, responses=GENERATION_RESPONSES
+    )
+
+
 # -- shared request handling -----------------------------------------------------------------------
 
 
-async def policy_of(request: Request) -> Policy:
-    """The policy the lifespan loaded; 503 while the model is loading.
-
-    A dependency, so a test can hand the routes another policy (``app.dependency_overrides``);
-    ``async`` so that resolving it takes no thread from the pool: with every thread decoding, a
-    request must still reach its 429 at once.
-    """
-    policy: Policy | None = getattr(request.app.state, "policy", None)
-    if policy is None:
-        raise ApiError(503, "not_ready", "the model is still loading", {"model": False})
-    return policy
+# the policy the lifespan loaded (async: with every thread decoding, a request still reaches its 429 at once)
+policy_of = state_of("policy", "the model is still loading", {"model": False})
 
 
 PolicyDep = Annotated[Policy, Depends(policy_of)]
@@ -192,12 +191,7 @@ def list_models(policy: PolicyDep) -> ModelList:
     return ModelList(data=[card])
 
 
-@openai_router.post(
-    "/v1/chat/completions",
-    operation_id="chat_completions",
-    response_model=ChatCompletionResponse,
-    responses=GENERATION_RESPONSES,
-)
+@generation_route("/v1/chat/completions", "chat_completions", ChatCompletionResponse)
 async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI chat completions: the model's chat template, then sampling (``stream`` for SSE)."""
     model = _check(policy, body)
@@ -230,12 +224,7 @@ async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> An
     return ChatCompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
 
 
-@openai_router.post(
-    "/v1/completions",
-    operation_id="completions",
-    response_model=CompletionResponse,
-    responses=GENERATION_RESPONSES,
-)
+@generation_route("/v1/completions", "completions", CompletionResponse)
 async def completions(body: CompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI (legacy) text completions: the prompt as raw text, no chat template."""
     model = _check(policy, body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path
 
 from hoprl.schemas.retriever import (
     CollectionInfo,
@@ -16,7 +16,7 @@ from hoprl.schemas.retriever import (
     SearchRequest,
     SearchResponse,
 )
-from services.errors import ERROR_RESPONSES, ApiError
+from services.errors import ERROR_RESPONSES, ApiError, state_of
 from services.retriever.index import CollectionNotFound, HybridIndex
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -43,16 +43,7 @@ def _links(name: str) -> dict[str, dict[str, Any]]:
     }
 
 
-async def index_of(request: Request) -> HybridIndex:
-    """The index the lifespan opened; 503 before it has.
-
-    A dependency, so a test can hand the routes another index (``app.dependency_overrides``);
-    ``async`` so that resolving it takes no thread from the pool the routes run in.
-    """
-    index: HybridIndex | None = getattr(request.app.state, "index", None)
-    if index is None:
-        raise ApiError(503, "not_ready", "the index is still loading")
-    return index
+index_of = state_of("index", "the index is still loading")  # the index the lifespan opened
 
 
 IndexDep = Annotated[HybridIndex, Depends(index_of)]

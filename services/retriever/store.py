@@ -44,6 +44,16 @@ class PointIn:
     title_sparse: Sparse
     payload: dict[str, Any]
 
+    def build(self, point: Any, sparse_vector: Any) -> Any:
+        """This point in one engine's classes: ``point`` (``qe.Point``, ``models.PointStruct``) with
+        the named vectors, the sparse ones built by ``sparse_vector``."""
+        vector = {
+            DENSE: self.dense,
+            SPARSE: sparse_vector(indices=self.sparse[0], values=self.sparse[1]),
+            TITLE: sparse_vector(indices=self.title_sparse[0], values=self.title_sparse[1]),
+        }
+        return point(id=point_id(self.doc_id), vector=vector, payload=self.payload)
+
 
 @dataclass
 class Prefetch:
@@ -81,12 +91,16 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def _conditions(filter: dict[str, Any] | None) -> list[tuple[str, list[Any]]]:
-    """``{"field": value}`` or ``{"field": [values]}`` on document metadata -> (payload key, values)."""
-    return [
-        (f"metadata.{key}", value if isinstance(value, list) else [value])
-        for key, value in (filter or {}).items()
-    ]
+def qdrant_filter(filter: dict[str, Any] | None, engine: Any) -> Any:
+    """``{"field": value}`` or ``{"field": [values]}`` on document metadata as a Qdrant filter in
+    one engine's classes (``qe`` or ``models``: both name them ``Filter``, ``FieldCondition`` and
+    ``MatchAny``); None without a filter."""
+    if not filter:
+        return None
+    values = {key: value if isinstance(value, list) else [value] for key, value in filter.items()}
+    match = engine.MatchAny
+    must = [engine.FieldCondition(key=f"metadata.{k}", match=match(any=v)) for k, v in values.items()]
+    return engine.Filter(must=must)
 
 
 class StorageInUse(StartupError):
@@ -168,18 +182,7 @@ class EdgeStore:
         return int(self.shards[name].info().points_count)
 
     def upsert(self, name: str, points: list[PointIn]) -> None:
-        ops = [
-            qe.Point(
-                id=point_id(p.doc_id),
-                vector={
-                    DENSE: p.dense,
-                    SPARSE: qe.SparseVector(indices=p.sparse[0], values=p.sparse[1]),
-                    TITLE: qe.SparseVector(indices=p.title_sparse[0], values=p.title_sparse[1]),
-                },
-                payload=p.payload,
-            )
-            for p in points
-        ]
+        ops = [p.build(qe.Point, qe.SparseVector) for p in points]
         with self.lock:
             shard = self.shards[name]
             shard.update(qe.UpdateOperation.upsert_points(ops))
@@ -189,7 +192,7 @@ class EdgeStore:
         shard = self.shards[name]
         out = []
         for q in queries:
-            flt = self._filter(q.filter)
+            flt = qdrant_filter(q.filter, qe)
             if len(q.prefetches) == 1:
                 request = qe.QueryRequest(
                     limit=q.limit, query=self._nearest(q.prefetches[0]), filter=flt, with_payload=True
@@ -212,14 +215,6 @@ class EdgeStore:
         if isinstance(p.vector, tuple):
             return qe.Query.Nearest(qe.SparseVector(indices=p.vector[0], values=p.vector[1]), using=p.using)
         return qe.Query.Nearest(p.vector, using=p.using)
-
-    @staticmethod
-    def _filter(filter: dict[str, Any] | None) -> qe.Filter | None:
-        if not filter:
-            return None
-        return qe.Filter(
-            must=[qe.FieldCondition(key=k, match=qe.MatchAny(any=v)) for k, v in _conditions(filter)]
-        )
 
     def close(self) -> None:
         with self.lock:
@@ -268,18 +263,7 @@ class ClientStore:
         return int(self.client.count(name, exact=True).count)
 
     def upsert(self, name: str, points: list[PointIn]) -> None:
-        structs = [
-            models.PointStruct(
-                id=point_id(p.doc_id),
-                vector={
-                    DENSE: p.dense,
-                    SPARSE: models.SparseVector(indices=p.sparse[0], values=p.sparse[1]),
-                    TITLE: models.SparseVector(indices=p.title_sparse[0], values=p.title_sparse[1]),
-                },
-                payload=p.payload,
-            )
-            for p in points
-        ]
+        structs = [p.build(models.PointStruct, models.SparseVector) for p in points]
         self.client.upsert(name, structs, wait=True)
 
     def query(self, name: str, queries: list[Query]) -> list[list[ScoredPayload]]:
@@ -288,7 +272,7 @@ class ClientStore:
         return [[ScoredPayload(dict(p.payload or {}), float(p.score)) for p in r.points] for r in responses]
 
     def _request(self, q: Query) -> models.QueryRequest:
-        flt = self._filter(q.filter)
+        flt = qdrant_filter(q.filter, models)
         if len(q.prefetches) == 1:
             p = q.prefetches[0]
             return models.QueryRequest(
@@ -309,14 +293,6 @@ class ClientStore:
         if isinstance(p.vector, tuple):
             return models.SparseVector(indices=p.vector[0], values=p.vector[1])
         return p.vector
-
-    @staticmethod
-    def _filter(filter: dict[str, Any] | None) -> models.Filter | None:
-        if not filter:
-            return None
-        return models.Filter(
-            must=[models.FieldCondition(key=k, match=models.MatchAny(any=v)) for k, v in _conditions(filter)]
-        )
 
     def close(self) -> None:
         self.client.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.exceptions import RequestValidationError
 
 from hoprl.judging import judge_flag
@@ -13,7 +13,7 @@ from hoprl.recipes import RECIPES
 from hoprl.registry.models import RunRow
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Checkpoint, Job, JobCreated, JobRequest, JobStatus
-from services.errors import ERROR_RESPONSES, ApiError, find_value
+from services.errors import ERROR_RESPONSES, ApiError, find_value, state_of
 from services.trainer.admission import admit
 from services.trainer.jobs import submit
 from services.trainer.queue import JobQueue
@@ -34,20 +34,8 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 # (app.dependency_overrides); async, so resolving them takes no thread from the routes' pool.
 
 
-async def registry_of(request: Request) -> Registry:
-    """The run registry the lifespan opened; 503 before it has."""
-    registry: Registry | None = getattr(request.app.state, "registry", None)
-    if registry is None:
-        raise ApiError(503, "not_ready", "the registry is still opening")
-    return registry
-
-
-async def queue_of(request: Request) -> JobQueue:
-    """The job queue the lifespan started; 503 before it has."""
-    queue: JobQueue | None = getattr(request.app.state, "queue", None)
-    if queue is None:
-        raise ApiError(503, "not_ready", "the job queue is still starting")
-    return queue
+registry_of = state_of("registry", "the registry is still opening")  # the run registry the lifespan opened
+queue_of = state_of("queue", "the job queue is still starting")  # the job queue it started
 
 
 RegistryDep = Annotated[Registry, Depends(registry_of)]

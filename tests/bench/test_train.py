@@ -5,7 +5,6 @@ The campaign itself (the local stack, trainer jobs, the policy's /v1/answer/batc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,16 +14,12 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> object:
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/train.py", "bench_train")
 
 
 RESULT = {

@@ -13,6 +13,7 @@ import pytest
 
 from hoprl.domain import Episode, Paragraph, Question, RetrievedDoc, Step
 from tests.conftest import shared_file
+from tests.episodes import answer, episode, search
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme Records: founded by Jane Roe.\n</information>"
@@ -146,34 +147,12 @@ def test_printed_formula_totals(tmp_path: Path) -> None:
     assert json.loads(out.stdout)["total"] == pytest.approx(0.62)
     # when-to-search: the same query twice, avg_sim = cos 1 / (N(N-1) = 2) = 0.5, r_s = -0.5;
     # r_f = 1; correct in stage 1 (EM: no judge bound), r_a = 1: r = 1.5
-    search = Step(
-        t=1,
-        action="search",
-        text="<think>t</think>\n<search>Acme founder</search>",
-        queries=["Acme founder"],
-        information=INFO,
-    )
-    again = Step(
-        t=2,
-        action="search",
-        text="<reflect>r</reflect>\n<think>t</think>\n<search>Acme founder</search>",
-        queries=["Acme founder"],
-        information=INFO,
-    )
-    answer = Step(
-        t=3,
-        action="answer",
-        answer="Jane Roe",
-        text="<reflect>r</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>",
-    )
-    wts = Episode(
-        recipe="when-to-search",
-        question_id="q1",
-        question="Who founded Acme Records?",
-        answers=GOLD,
-        steps=[search, again, answer],
-        final_answer="Jane Roe",
-    )
+    steps = [
+        search(1, "Acme founder", INFO),
+        search(2, "Acme founder", INFO, before="<reflect>r</reflect>\n"),
+        answer(3, "<reflect>r</reflect>\n<think>done</think>\n<answer>Jane Roe</answer>", "Jane Roe"),
+    ]
+    wts = episode("when-to-search", steps, "Jane Roe", GOLD, question_id="q1")
     out = hoprl("reward", str(write(tmp_path, "w2.json", wts.model_dump())), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)

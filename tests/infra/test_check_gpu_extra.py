@@ -4,17 +4,13 @@ and minutes, so it is not run here (its last result is in docs/gpus.md and the C
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("check_gpu_extra", ROOT / "infra" / "check_gpu_extra.py")
-assert spec is not None and spec.loader is not None
-check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check)
+from tests.conftest import ROOT, load_script
+
+check = load_script("infra/check_gpu_extra.py", "check_gpu_extra")
 
 
 @pytest.mark.parametrize(

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from hoprl.recipes.base import CurriculumState
 from hoprl.recipes.evo_rag.config import EvoRagConfig, Stage, SwitchRule
 
 
-class Curriculum(BaseModel):
+class Curriculum(CurriculumState):
     """Discovery -> Refinement when the EMA of dev returns stops improving on its best.
 
     Each :meth:`update` is one dev check (the trainer runs one per checkpoint). The first check
@@ -69,10 +69,3 @@ class Curriculum(BaseModel):
             return False
         self.stage, self.switched_at = "refinement", self.checks
         return True
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump()
-
-    @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> Curriculum:
-        return cls.model_validate(state)

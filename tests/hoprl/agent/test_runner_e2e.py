@@ -132,16 +132,21 @@ def test_expert_episode_for_every_recipe(
     assert totals == pytest.approx([expected_reward(name, e) for e in episodes], abs=1e-5)
 
 
-def test_naive_rag_retrieves_first(questions: list[SyntheticQuestion], retriever_url: str) -> None:
-    recipe = get_recipe("naive-rag")
-    q = questions[1]
+def expert_episode(recipe: Any, q: SyntheticQuestion, retriever_url: str) -> Episode:
+    """``recipe``'s episode on ``q`` against a scripted model writing the recipe's expert segments."""
     app = scripted.create_app({q.question: recipe.expert_segments(q)})
     with LocalServer(app) as server:
-        ep = run(
+        return run(
             lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION, shape=shape()),
             server.url + "/v1",
             retriever_url,
         )
+
+
+def test_naive_rag_retrieves_first(questions: list[SyntheticQuestion], retriever_url: str) -> None:
+    recipe = get_recipe("naive-rag")
+    q = questions[1]
+    ep = expert_episode(recipe, q, retriever_url)
     (step,) = ep.steps
     assert step.queries == [q.question] and len(step.docs[0]) == recipe.top_k
     assert step.information == ""  # the documents are in the prompt
@@ -150,13 +155,5 @@ def test_naive_rag_retrieves_first(questions: list[SyntheticQuestion], retriever
 
 
 def test_arena_needs_no_retrieval(questions: list[SyntheticQuestion], retriever_url: str) -> None:
-    recipe = get_recipe("arena")
-    q = questions[0]
-    app = scripted.create_app({q.question: recipe.expert_segments(q)})
-    with LocalServer(app) as server:
-        ep = run(
-            lambda llm, ret: run_episode(recipe, q, llm, ret, COLLECTION, shape=shape()),
-            server.url + "/v1",
-            retriever_url,
-        )
+    ep = expert_episode(get_recipe("arena"), questions[0], retriever_url)
     assert ep.outcome == "answer" and ep.retrieval_count == 0 and ep.timings["retrieval"] == 0.0

@@ -11,6 +11,7 @@ import pytest
 
 from hoprl.agent.tokens import episode_messages, to_token_trajectory
 from hoprl.domain import Episode, Step
+from tests.episodes import searched
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -56,19 +57,11 @@ INFO_1 = "<information>\n[1] Acme: founded by Jane Roe.\n</information>"
 INFO_2 = "<information>\n[1] Jane Roe: born in Tokyo.\n</information>"
 SEARCH_EPISODE = episode(
     [
-        Step(
-            t=1,
-            action="search",
-            text="<think>I need Acme's founder.</think>\n<search> Acme founder</search>",
-            queries=["Acme founder"],
-            information=INFO_1,
+        searched(
+            1, "<think>I need Acme's founder.</think>\n<search> Acme founder</search>", "Acme founder", INFO_1
         ),
-        Step(
-            t=2,
-            action="search",
-            text="<think>Où est né Jane Roe? 東京?</think><search>Jane Roe 🚀</search>",
-            queries=["Jane Roe"],
-            information=INFO_2,
+        searched(
+            2, "<think>Où est né Jane Roe? 東京?</think><search>Jane Roe 🚀</search>", "Jane Roe", INFO_2
         ),
         Step(t=3, action="answer", text="<answer>Jane Roe</answer>", answer="Jane Roe"),
     ]

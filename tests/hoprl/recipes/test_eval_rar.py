@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.domain import Episode, Step
+from hoprl.domain import Episode
 from hoprl.recipes import get_recipe
 from hoprl.recipes.eval_rar import EvalRAR, answer_reward, evaluate_text, make_evaluate_reward
+from tests.episodes import answer as answer_step
+from tests.episodes import episode as scripted
+from tests.episodes import search
 
 GOLD = ["Jane Roe", "J. Roe"]
 INFO = "<information>\n[1] Acme: founded by Jane Roe in 1990.\n</information>"
@@ -16,27 +19,12 @@ def episode(evaluations: list[str], answer: str | None) -> Episode:
     """A search episode: one search step per evaluation, then the answer (if any)."""
     steps, review = [], ""
     for t, ev in enumerate(evaluations, 1):
-        steps.append(
-            Step(
-                t=t,
-                action="search",
-                text=f"{review}<think>t</think><search>q{t}</search>",
-                queries=[f"q{t}"],
-                information=INFO,
-            )
-        )
+        steps.append(search(t, f"q{t}", INFO, before=review, sep=""))
         review = f"<evaluate>{ev}</evaluate>\n"
     if answer is not None:
-        steps.append(Step(t=len(steps) + 1, action="answer", text=f"{review}<answer>{answer}</answer>"))
-    return Episode(
-        recipe="eval-rar",
-        question_id="q",
-        question="Who founded Acme?",
-        answers=GOLD,
-        steps=steps,
-        final_answer=answer,
-        outcome="answer" if answer else "step_cap",
-    )
+        steps.append(answer_step(len(steps) + 1, f"{review}<answer>{answer}</answer>"))
+    outcome = "answer" if answer else "step_cap"
+    return scripted("eval-rar", steps, answer, GOLD, "Who founded Acme?", outcome=outcome)
 
 
 # (evaluate blocks, final answer, R_ans by hand, gold in evaluate by hand)
@@ -67,6 +55,18 @@ def test_eval_rar_reward(
     assert make_evaluate_reward(r_eval)([""], [""], episodes=[ep]) == pytest.approx([r_eval * in_eval])
     # the same from the completion text (injected information included) and the answers column
     assert total([""], [ep.completion_text()], answers=[GOLD]) == pytest.approx([expected])
+
+
+def test_r_ans_is_the_baselines_exact_match_under_its_own_version() -> None:
+    from hoprl.recipes.baselines import exact_match_reward
+
+    # gold "Jane Roe": EM 1; "John Doe": 0; no answer: 0
+    eps = [episode([], "Jane Roe"), episode([], "John Doe"), episode(["x"], None)]
+    blank = [""] * 3
+    assert answer_reward(blank, blank, episodes=eps) == [1.0, 0.0, 0.0]
+    assert exact_match_reward(blank, blank, episodes=eps) == [1.0, 0.0, 0.0]
+    versions = (answer_reward.__version__, exact_match_reward.__version__)
+    assert versions == ("eval_rar_answer@1", "exact_match@1")
 
 
 def test_paper_default_r_eval_and_top_k() -> None:

@@ -12,6 +12,8 @@ import pytest
 from hoprl.domain import Episode, Paragraph, Question, RetrievedDoc, Step
 from hoprl.recipes import get_recipe
 from hoprl.recipes.scoring import score_episodes
+from tests.episodes import answer as answer_step
+from tests.episodes import episode, search
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme Records: founded by Jane Roe.\n</information>"
@@ -121,28 +123,13 @@ def wts_episode(queries: list[str], answer: str, reflect_first: bool = True) -> 
     """think + search per query, reflect after each result, then think + answer."""
     steps, review = [], ""
     for t, q in enumerate(queries, 1):
-        text = f"{review}<think>t</think>\n<search>{q}</search>"
-        steps.append(Step(t=t, action="search", text=text, queries=[q], information=INFO))
+        steps.append(search(t, q, INFO, before=review))
         review = "<reflect>It names the founder.</reflect>\n"
     closing = "<think>done</think>\n" if queries else "<think>t</think>\n"
     if not queries and reflect_first:
         closing += "<reflect>I know it.</reflect>\n"
-    steps.append(
-        Step(
-            t=len(queries) + 1,
-            action="answer",
-            answer=answer,
-            text=f"{review}{closing}<answer>{answer}</answer>",
-        )
-    )
-    return Episode(
-        recipe="when-to-search",
-        question_id="q",
-        question="Who founded Acme Records?",
-        answers=GOLD,
-        steps=steps,
-        final_answer=answer,
-    )
+    steps.append(answer_step(len(queries) + 1, f"{review}{closing}<answer>{answer}</answer>", answer))
+    return episode("when-to-search", steps, answer, GOLD)
 
 
 WTS_CASES = [
@@ -202,27 +189,9 @@ def test_when_to_search_pairs_option() -> None:
 
 
 def eval_rar_episode(evaluate: str, answer: str) -> Episode:
-    search = Step(
-        t=1,
-        action="search",
-        text="<think>t</think><search>Acme founder</search>",
-        queries=["Acme founder"],
-        information=INFO,
-    )
-    final = Step(
-        t=2,
-        action="answer",
-        answer=answer,
-        text=f"<evaluate>{evaluate}</evaluate><think>t</think><answer>{answer}</answer>",
-    )
-    return Episode(
-        recipe="eval-rar",
-        question_id="q",
-        question="Who founded Acme Records?",
-        answers=GOLD,
-        steps=[search, final],
-        final_answer=answer,
-    )
+    text = f"<evaluate>{evaluate}</evaluate><think>t</think><answer>{answer}</answer>"
+    steps = [search(1, "Acme founder", INFO, sep=""), answer_step(2, text, answer)]
+    return episode("eval-rar", steps, answer, GOLD)
 
 
 EVAL_RAR_CASES = [

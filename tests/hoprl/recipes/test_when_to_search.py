@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 
 from hoprl.data.synthetic import Hop, generate, hops_for
-from hoprl.domain import Episode, Question, Step
+from hoprl.domain import Episode, Question
 from hoprl.embedding import get_embedder
 from hoprl.judging import Verdict
 from hoprl.recipes import get_recipe
 from hoprl.recipes.when_to_search import Curriculum, WhenToSearch, is_concise, keyword_query, well_formed
+from tests.episodes import answer as answer_step
+from tests.episodes import episode as scripted
+from tests.episodes import search
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme: founded by Jane Roe.\n</information>"
@@ -23,30 +26,13 @@ def episode(queries: list[str], answer: str | None) -> Episode:
     """A well-formed episode: think + search per query, reflect after each information, answer."""
     steps, review = [], ""
     for t, q in enumerate(queries, 1):
-        steps.append(
-            Step(
-                t=t,
-                action="search",
-                text=f"{review}<think>t</think>\n<search>{q}</search>",
-                queries=[q],
-                information=INFO,
-            )
-        )
+        steps.append(search(t, q, INFO, before=review))
         review = "<reflect>The document names the founder.</reflect>\n"
     if answer is not None:
         # the paper's no-search form reflects before answering: <think><reflect><answer>
         closing = "<think>done</think>\n" if queries else "<think>t</think>\n<reflect>I know it.</reflect>\n"
-        steps.append(
-            Step(t=len(queries) + 1, action="answer", text=f"{review}{closing}<answer>{answer}</answer>")
-        )
-    return Episode(
-        recipe="when-to-search",
-        question_id="q",
-        question="Who founded Acme?",
-        answers=GOLD,
-        steps=steps,
-        final_answer=answer,
-    )
+        steps.append(answer_step(len(queries) + 1, f"{review}{closing}<answer>{answer}</answer>"))
+    return scripted("when-to-search", steps, answer, GOLD, "Who founded Acme?")
 
 
 def rewards(recipe: WhenToSearch, ep: Episode) -> list[float | None]:

@@ -32,6 +32,7 @@ from hoprl.training.ppo import (
     train_ppo,
 )
 from tests.conftest import shape
+from tests.episodes import searched
 
 
 def signals(**values: float) -> dict[str, float]:
@@ -51,20 +52,12 @@ def scored_episode(qid: str = "q1", answer: str = "Jane Roe") -> Episode:
             {"role": "user", "content": "Question: Who founded Acme?"},
         ],
         steps=[
-            Step(
-                t=1,
-                action="search",
-                text="<search>Acme founder</search>",
-                queries=["Acme founder"],
-                information=info,
-                signals=signals(r_ret=1.0),
-            ),
-            Step(
-                t=2,
-                action="search",
-                text="<search>Acme founded by</search>",
-                queries=["Acme founded by"],
-                information=info,
+            searched(1, "<search>Acme founder</search>", "Acme founder", info, signals=signals(r_ret=1.0)),
+            searched(
+                2,
+                "<search>Acme founded by</search>",
+                "Acme founded by",
+                info,
                 signals=signals(r_ret=1.0, r_dup=-0.9),
             ),
             Step(

@@ -42,3 +42,11 @@ def test_no_episodes_give_zeros_not_an_error() -> None:
         "ended/format_error": 0.0,
         "ended/step_cap": 0.0,
     }
+
+
+def test_the_trainer_and_hoprl_reward_score_through_one_reward_loop() -> None:
+    """GRPO's rollouts, the off-policy loops and ``hoprl reward`` call the same loop, not copies."""
+    from hoprl.recipes import scoring
+    from hoprl.training import offpolicy, rollout
+
+    assert rollout.score is scoring.score and offpolicy.score is scoring.score

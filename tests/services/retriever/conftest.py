@@ -13,36 +13,14 @@ from services.retriever.app import create_app
 from services.retriever.settings import RetrieverSettings
 
 CORPUS = [
-    Document(
-        id="acme",
-        title="Acme Records",
-        text="Acme Records was founded in 1961 by Jane Roe.",
-        metadata={"kind": "company"},
-    ),
-    Document(
-        id="roe",
-        title="Jane Roe",
-        text="Jane Roe was born in Velmora, a city in Ostland.",
-        metadata={"kind": "person"},
-    ),
-    Document(
-        id="velmora",
-        title="Velmora",
-        text="Velmora is the capital of Ostland, on the river Ansk.",
-        metadata={"kind": "city"},
-    ),
-    Document(
-        id="ansk",
-        title="Ansk",
-        text="The Ansk is a river of 412 km that flows through Velmora.",
-        metadata={"kind": "river"},
-    ),
-    Document(
-        id="brio",
-        title="Brio Motors",
-        text="Brio Motors is a car maker founded in 1988 in Tessa.",
-        metadata={"kind": "company"},
-    ),
+    Document(id=doc_id, title=title, text=text, metadata={"kind": kind})
+    for doc_id, title, text, kind in [
+        ("acme", "Acme Records", "Acme Records was founded in 1961 by Jane Roe.", "company"),
+        ("roe", "Jane Roe", "Jane Roe was born in Velmora, a city in Ostland.", "person"),
+        ("velmora", "Velmora", "Velmora is the capital of Ostland, on the river Ansk.", "city"),
+        ("ansk", "Ansk", "The Ansk is a river of 412 km that flows through Velmora.", "river"),
+        ("brio", "Brio Motors", "Brio Motors is a car maker founded in 1988 in Tessa.", "company"),
+    ]
 ]
 
 

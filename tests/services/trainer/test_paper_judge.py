@@ -32,6 +32,8 @@ from services.policy.app import create_app as create_policy
 from services.trainer.jobs import bind_judge, run_job, submit
 from services.trainer.routes import job_view
 from services.trainer.settings import TrainerSettings
+from tests.episodes import answer as answer_step
+from tests.episodes import episode, search
 from tests.services.policy.conftest import COLLECTION, CORPUS, small_settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -61,27 +63,9 @@ def llm_judge_url(retriever_url: str) -> Iterator[str]:
 
 def wts_episode(answer: str) -> Episode:
     """One search, reflected on, then ``answer``: RC = 1, well formed (r_f = 1)."""
-    search = Step(
-        t=1,
-        action="search",
-        text="<think>t</think>\n<search>Acme founder</search>",
-        queries=["Acme founder"],
-        information=INFO,
-    )
-    final = Step(
-        t=2,
-        action="answer",
-        answer=answer,
-        text=f"<reflect>It names her.</reflect>\n<think>done</think>\n<answer>{answer}</answer>",
-    )
-    return Episode(
-        recipe="when-to-search",
-        question_id="q",
-        question=QUESTION,
-        answers=["Jane Roe"],
-        steps=[search, final],
-        final_answer=answer,
-    )
+    text = f"<reflect>It names her.</reflect>\n<think>done</think>\n<answer>{answer}</answer>"
+    return episode("when-to-search", [search(1, "Acme founder", INFO), answer_step(2, text, answer)], answer,
+                   ["Jane Roe"], QUESTION)  # fmt: skip
 
 
 def test_when_to_search_reward_reads_the_llm_judge(llm_judge_url: str) -> None:

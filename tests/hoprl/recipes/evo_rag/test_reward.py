@@ -184,17 +184,9 @@ def test_r_ref_reads_every_retrieved_document_as_the_policy_saw_it():
 
 def load_judge_fixtures():
     """tests/services/judge/conftest.py (its scripted LLM endpoint and judge services), by path."""
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from tests.conftest import load_script
 
-    path = Path(__file__).resolve().parents[3] / "services" / "judge" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("judge_fixtures", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tests/services/judge/conftest.py", "judge_fixtures")
 
 
 @pytest.mark.parametrize(("ref_evidence", "expected"), [("retrieved", 1.0), ("gold_and_retrieved", -1.0)])
