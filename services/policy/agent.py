@@ -148,7 +148,7 @@ class Policy:
         return AnswerResponse(
             answer=ep.final_answer,
             refused=ep.refused,
-            citations=citations(ep),
+            citations=citations(ep, recipe, q),
             steps=ep.steps if body.return_trace else None,
             timings=Timings(
                 retrieval_s=ep.timings.get("retrieval", 0.0),
@@ -223,8 +223,13 @@ class Policy:
             return list(await within(s.request_timeout_s, asyncio.gather(*jobs)))
 
 
-def citations(episode: Episode) -> list[Citation]:
-    """Every document the episode retrieved, first occurrence first."""
+def citations(episode: Episode, recipe: Any = None, question: Question | None = None) -> list[Citation]:
+    """What the answer cites: a recipe's ``cited_sources`` hook where it has one (ARENA: the
+    references named in ``<relevance>``), else every document the episode retrieved, first
+    occurrence first."""
+    cited = getattr(recipe, "cited_sources", None)
+    if cited is not None and question is not None:
+        return [Citation(doc_id=doc_id, title=title) for doc_id, title in cited(episode, question)]
     seen: dict[str, Citation] = {}
     for step in episode.steps:
         for docs in step.docs:
