@@ -160,7 +160,7 @@ class Hyperparameters(BaseModel):
         "steps (transformers' default), constant, or cosine; the project's own loops (PPO / DPO, R2AG's "
         "rounds) keep their rate constant",
     )
-    questions_per_step: int = Field(2, ge=1, le=256, description="GRPO groups per optimizer step")
+    questions_per_step: int = Field(2, ge=1, le=512, description="GRPO groups per optimizer step")
     num_generations: int = Field(
         4, ge=2, le=64, description="samples per question (the group size); search-r1's paper 5, cpu preset 4"
     )
