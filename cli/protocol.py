@@ -119,7 +119,6 @@ def run_protocol(
     from hoprl.answer_eval import AnswerSettings, evaluate_answers
 
     protocol = get_protocol(args.protocol)
-    settings = AnswerSettings.of(protocol, seed=args.seed)
     console.print(
         f"{protocol.paper}: steps {protocol.max_steps or 'service default'} ({protocol.steps_source}); "
         f"temperature {protocol.temperature}, top-p {protocol.top_p} ({protocol.decoding_source}); "
@@ -147,7 +146,8 @@ def run_protocol(
         )
         report = evaluate_answers(
             policy_url, retriever_url, chosen, recipe=protocol.recipe, collection=args.collection,
-            limit=args.limit, concurrency=args.concurrency, settings=settings, repeatable=args.repeatable,
+            limit=args.limit, concurrency=args.concurrency, repeatable=args.repeatable,
+            settings=AnswerSettings.of(protocol, seed=args.seed, dataset=evalset.dataset),
             batch_size=args.batch_size,
         )  # fmt: skip
         rows = report.pop("predictions")

@@ -82,7 +82,8 @@ def answer_questions(
 ) -> dict[str, Any]:
     """Ask the policy every question; write the per-question rows to ``out``, return the summary.
     ``protocol``: ask as that paper's evaluation does (its step cap, decoding, generation step)."""
-    settings = AnswerSettings.of(get_protocol(protocol)) if protocol else None
+    dataset = questions[0].dataset if questions else None
+    settings = AnswerSettings.of(get_protocol(protocol), dataset=dataset) if protocol else None
     report = evaluate_answers(
         policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings
     )

@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import httpx
 import openai
+from pydantic import ValidationError
 
 from hoprl.agent.runner import run_episode
 from hoprl.agent.tokens import to_token_trajectory
@@ -70,12 +71,16 @@ class Policy:
         await self.retriever.aclose()
 
     # -- validation ----------------------------------------------------------------------------
-    def recipe(self, name: str) -> Any:
+    def recipe(self, name: str, config: dict[str, Any] | None = None) -> Any:
         if name not in RECIPES:
             raise ApiError(
                 422, "unknown_recipe", f"unknown recipe {name!r}; valid recipes: {sorted(RECIPES)}"
             )
-        return get_recipe(name)
+        try:
+            return get_recipe(name, **(config or {}))
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ApiError(422, "invalid_recipe_config", f"recipe_config for {name}: {problems}") from None
 
     async def check_collection(self, name: str) -> None:
         """Ask the retriever whether ``name`` exists: 404 naming it if not, 503 if it does not answer."""
@@ -126,7 +131,7 @@ class Policy:
         if not question:
             raise ApiError(422, "empty_question", "question is empty; send at least one word")
         self.bounded("question_chars", len(question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
-        recipe = self.recipe(body.recipe or s.default_recipe)
+        recipe = self.recipe(body.recipe or s.default_recipe, body.recipe_config)
         steps = body.max_steps or min(s.default_max_steps, s.max_steps)
         max_steps = self.bounded("max_steps", steps, s.max_steps, "POLICY_MAX_STEPS")
         chars = len(question) + sum(len(p.title) + len(p.text) for p in body.paragraphs)
