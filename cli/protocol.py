@@ -70,7 +70,12 @@ def judge_verdicts(
     by_id = {r["id"]: v.verdict for r, v in zip(graded, verdicts, strict=True)}
     right = [by_id.get(r["id"], r["outcome"] == "refuse") for r in rows]
     backends = sorted({f"{v.backend}{' (fallback)' if v.fallback else ''}" for v in verdicts})
-    return {"judge_accuracy": sum(right) / max(1, len(right)), "judge_backend": ", ".join(backends) or "-"}
+    prompts = sorted({v.version for v in verdicts})
+    return {
+        "judge_accuracy": sum(right) / max(1, len(right)),
+        "judge_backend": ", ".join(backends) or "-",
+        "judge_prompt": ", ".join(prompts) or "-",
+    }
 
 
 def paper_rows(protocol: Protocol, dataset: str, report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -109,6 +114,11 @@ def set_table(protocol: Protocol, evalset: EvalSet, report: dict[str, Any]) -> T
         table.add_row(
             "judge backend", report["judge_backend"], "", "", f"paper: {protocol.judge}", "this run"
         )
+    if "judge_prompt" in report and protocol.judge_prompt:
+        same = report["judge_prompt"] == protocol.judge_prompt
+        wanted = f"JUDGE_ANSWER_PROMPT={protocol.judge_prompt}"
+        note = "the paper's" if same else f"not the paper's: run the judge with {wanted}"
+        table.add_row("judge prompt", report["judge_prompt"], "", "", note, "this run")
     return table
 
 

@@ -86,6 +86,8 @@ class Protocol:
     max_tokens: int | None = None  # the paper's generation limit at evaluation, when it gives one
     seeds: int = 1
     notes: tuple[str, ...] = ()
+    #: the judge service's prompt (JUDGE_ANSWER_PROMPT) that has the paper's wording, when it has one
+    judge_prompt: str | None = None
     #: recipe options every answer is asked with (``/v1/answer``'s ``recipe_config``)
     recipe_config: dict[str, Any] = field(default_factory=dict)
     recipe_config_source: str = ""
@@ -223,6 +225,7 @@ PROTOCOLS: dict[str, Protocol] = {
         metrics=("em", "f1", "judge"),
         metrics_source="§4.2, App. C: normalised EM, F1, LLM-as-a-Judge",
         judge="GPT-4o 2024-11-20 at temperature 0 (App. C.3)",
+        judge_prompt="arena_lj@1",
         top_k="none: the question's own paragraphs are the references (§4.4)",
         references=True,
     ),
@@ -246,6 +249,7 @@ PROTOCOLS: dict[str, Protocol] = {
         metrics=("f1", "judge", "retrieval_count"),
         metrics_source="§4.1: F1, LLM as a Judge (ACC / LasJ), Retrieval Count",
         judge="Qwen3-235B-A22B-Instruct (App. B.2, prompt App. B.4)",
+        judge_prompt="when_to_search_judge@1",
         top_k="§4.2: top-k 5",
     ),
 }

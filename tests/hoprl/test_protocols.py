@@ -153,6 +153,13 @@ def test_served_backbone() -> None:
     assert served_backbone("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B-Instruct")
 
 
+def test_judge_prompts_are_the_papers() -> None:
+    # ARENA App. C.3 Table 8; Learning When to Search App. B.4 ("Instruction for Judge LLM")
+    assert PROTOCOLS["arena"].judge_prompt == "arena_lj@1"
+    assert PROTOCOLS["when-to-search"].judge_prompt == "when_to_search_judge@1"
+    assert all(p.judge_prompt is None for p in PROTOCOLS.values() if "judge" not in p.metrics)
+
+
 def test_protocol_settings_reach_the_request() -> None:
     r2ag = AnswerSettings.of(PROTOCOLS["r2ag"], seed=3, dataset="musique")
     assert r2ag.fields(shared_question()) == {
