@@ -38,7 +38,7 @@ JUDGE_BATCH = 64
 
 def load_set(evalset: EvalSet, args: argparse.Namespace) -> tuple[list[Question] | None, str]:
     """The set's questions and where they came from, or None and the reason it is skipped."""
-    from hoprl.data.hub import HUB, load_hub
+    from hoprl.data.hub import HUB, hub_location, load_hub
     from hoprl.data.jsonl import load_questions
 
     path = local_file(evalset, args.data_dir)
@@ -50,7 +50,10 @@ def load_set(evalset: EvalSet, args: argparse.Namespace) -> tuple[list[Question]
         return None, f"{why}, and hoprl.data.hub has no loader for it"
     if not args.from_hub:
         return None, f"{why}: pass --from-hub on a machine that reaches the Hugging Face hub"
-    return load_hub(evalset.dataset, evalset.split), f"hub {HUB[evalset.dataset].path}"
+    if evalset.split not in HUB[evalset.dataset].splits:
+        return None, f"{why}, and hoprl.data.hub has no {evalset.split} split for it"
+    path, config, split = hub_location(evalset.dataset, evalset.split)
+    return load_hub(evalset.dataset, evalset.split), f"hub {path} ({config or 'default'}, {split})"
 
 
 def judge_verdicts(
