@@ -76,6 +76,9 @@ CPU_PRESET: dict[str, Any] = {
     # the synthetic world) + 64 of chat-template glue = 288 + 790 + 64 = 1142 <= 1152
     "token_budget": 1152,
     "save_steps": 5,  # checkpoints of short segments
+    # PPO's critic: a copy of the tiny policy's body (EVO-RAG's Qwen2.5-0.5B critic reads another
+    # tokenizer's ids than SmolLM2's)
+    "critic_model": None,
 }
 
 #: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
@@ -162,7 +165,11 @@ class Hyperparameters(BaseModel):
     )
     questions_per_step: int = Field(2, ge=1, le=512, description="GRPO groups per optimizer step")
     num_generations: int = Field(
-        4, ge=2, le=64, description="samples per question (the group size); search-r1's paper 5, cpu preset 4"
+        4,
+        ge=1,
+        le=64,
+        description="samples per question (the group size, at least 2 for every objective but PPO); "
+        "search-r1's paper 5, cpu preset 4, EVO-RAG's PPO 1 (Table 10: 128 episodes a batch)",
     )
     beta: float | None = Field(None, ge=0, description="KL coefficient; 0 = no KL and no reference model")
     kl_estimator: Literal["k3", "k2"] | None = Field(
@@ -225,6 +232,15 @@ class Hyperparameters(BaseModel):
         "policy; default: separate",
     )
     critic_learning_rate: float | None = Field(None, gt=0, description="PPO: the critic's (default 1e-5)")
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="PPO: episodes per minibatch of an update (EVO-RAG Table 10: 64; default 4)"
+    )
+    dpo_pairs: Literal["siblings", "prefixes"] | None = Field(
+        None,
+        description="DPO: pairs from the num_generations sibling candidates sampled at each step of one "
+        "episode per question (siblings: EVO-RAG App. A.4), or from independent episodes that share a "
+        "prefix (prefixes, the project's earlier reading); default: siblings",
+    )
     critic_model: str | None = Field(
         None,
         description="PPO, separate critic: the critic's own model (EVO-RAG App. C Table 10: "
@@ -302,7 +318,7 @@ class Hyperparameters(BaseModel):
         fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
         fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
               "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
-              "preference_model": False})  # fmt: skip
+              "mini_batch_size": 4, "dpo_pairs": "siblings", "preference_model": False})  # fmt: skip
         return Hyperparameters.model_validate(values)
 
 
