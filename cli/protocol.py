@@ -52,8 +52,8 @@ def load_set(evalset: EvalSet, args: argparse.Namespace) -> tuple[list[Question]
         return None, f"{why}: pass --from-hub on a machine that reaches the Hugging Face hub"
     if evalset.split not in HUB[evalset.dataset].splits:
         return None, f"{why}, and hoprl.data.hub has no {evalset.split} split for it"
-    path, config, split = hub_location(evalset.dataset, evalset.split)
-    return load_hub(evalset.dataset, evalset.split), f"hub {path} ({config or 'default'}, {split})"
+    repo, config, split = hub_location(evalset.dataset, evalset.split)
+    return load_hub(evalset.dataset, evalset.split), f"hub {repo} ({config or 'default'}, {split})"
 
 
 def judge_verdicts(
