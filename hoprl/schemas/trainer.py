@@ -78,7 +78,7 @@ CPU_PRESET: dict[str, Any] = {
     "save_steps": 5,  # checkpoints of short segments
     # PPO's critic: a copy of the tiny policy's body (EVO-RAG's Qwen2.5-0.5B critic reads another
     # tokenizer's ids than SmolLM2's)
-    "critic_model": None,
+    "critic_model": "policy",
 }
 
 #: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
@@ -244,7 +244,8 @@ class Hyperparameters(BaseModel):
     critic_model: str | None = Field(
         None,
         description="PPO, separate critic: the critic's own model (EVO-RAG App. C Table 10: "
-        "Qwen/Qwen2.5-0.5B-Instruct, configs/evo-rag.yaml); unset: a copy of the policy's body",
+        "Qwen/Qwen2.5-0.5B-Instruct, configs/evo-rag.yaml's PPO default; it must share the policy's "
+        "tokenizer); 'policy': a copy of the policy's body (the cpu preset's; unset takes the paper's)",
     )
     preference_model: bool | None = Field(
         None, description="EVO-RAG: train the 7-head preference model every step (default on for evo-rag)"

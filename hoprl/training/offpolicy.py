@@ -137,7 +137,7 @@ class OffPolicyTrainer:
             self.ppo = PPOConfig(
                 learning_rate=lr,
                 critic=hp.critic or "separate",
-                critic_model=hp.critic_model,
+                critic_model=None if hp.critic_model == "policy" else hp.critic_model,
                 critic_learning_rate=hp.critic_learning_rate or 1e-5,
                 kl_coef=hp.beta or 0.0,
                 temperature=hp.temperature,

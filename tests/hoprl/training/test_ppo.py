@@ -252,8 +252,8 @@ def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: 
     assert (hp.questions_per_step, hp.num_generations, hp.mini_batch_size) == (128, 1, 64)
     assert hp.critic_model == "Qwen/Qwen2.5-0.5B-Instruct"
     cpu = JobRequest(recipe="evo-rag", objective="ppo", hyperparameters={"preset": "cpu"})
-    assert cpu.hyperparameters.resolved("evo-rag", "ppo").critic_model is None  # SmolLM2's own body
-    hp = hp.model_copy(update={"critic_model": None})  # the tiny policy's tokenizer is not Qwen2.5's
+    assert cpu.hyperparameters.resolved("evo-rag", "ppo").critic_model == "policy"  # SmolLM2's own body
+    hp = hp.model_copy(update={"critic_model": "policy"})  # the tiny policy's tokenizer is not Qwen2.5's
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     q = Question(id="q", dataset="t", split="train", question="Who founded Acme?", answers=["Jane Roe"])
     opts = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2)
