@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser, protocol_help: str, data_dir_
 
 def load_set(evalset: EvalSet, args: argparse.Namespace) -> tuple[list[Question] | None, str]:
     """The set's questions and where they came from, or None and the reason it is skipped."""
-    from hoprl.data.hub import HUB, load_hub
+    from hoprl.data.hub import HUB, hub_location, load_hub
     from hoprl.data.jsonl import load_questions
 
     path = local_file(evalset, args.data_dir)
@@ -58,7 +58,10 @@ def load_set(evalset: EvalSet, args: argparse.Namespace) -> tuple[list[Question]
         return None, f"{why}, and hoprl.data.hub has no loader for it"
     if not args.from_hub:
         return None, f"{why}: pass --from-hub on a machine that reaches the Hugging Face hub"
-    return load_hub(evalset.dataset, evalset.split), f"hub {HUB[evalset.dataset].path}"
+    if evalset.split not in HUB[evalset.dataset].splits:
+        return None, f"{why}, and hoprl.data.hub has no {evalset.split} split for it"
+    repo, config, split = hub_location(evalset.dataset, evalset.split)
+    return load_hub(evalset.dataset, evalset.split), f"hub {repo} ({config or 'default'}, {split})"
 
 
 def judge_verdicts(
@@ -78,7 +81,12 @@ def judge_verdicts(
     by_id = {r["id"]: v.verdict for r, v in zip(graded, verdicts, strict=True)}
     right = [by_id.get(r["id"], r["outcome"] == "refuse") for r in rows]
     backends = sorted({f"{v.backend}{' (fallback)' if v.fallback else ''}" for v in verdicts})
-    return {"judge_accuracy": sum(right) / max(1, len(right)), "judge_backend": ", ".join(backends) or "-"}
+    prompts = sorted({v.version for v in verdicts})
+    return {
+        "judge_accuracy": sum(right) / max(1, len(right)),
+        "judge_backend": ", ".join(backends) or "-",
+        "judge_prompt": ", ".join(prompts) or "-",
+    }
 
 
 def paper_rows(protocol: Protocol, dataset: str, report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -117,6 +125,11 @@ def set_table(protocol: Protocol, evalset: EvalSet, report: dict[str, Any]) -> T
         table.add_row(
             "judge backend", report["judge_backend"], "", "", f"paper: {protocol.judge}", "this run"
         )
+    if "judge_prompt" in report and protocol.judge_prompt:
+        same = report["judge_prompt"] == protocol.judge_prompt
+        wanted = f"JUDGE_ANSWER_PROMPT={protocol.judge_prompt}"
+        note = "the paper's" if same else f"not the paper's: run the judge with {wanted}"
+        table.add_row("judge prompt", report["judge_prompt"], "", "", note, "this run")
     return table
 
 
@@ -127,7 +140,6 @@ def run_protocol(
     from hoprl.answer_eval import AnswerSettings, evaluate_answers
 
     protocol = get_protocol(args.protocol)
-    settings = AnswerSettings.of(protocol, seed=args.seed)
     console.print(
         f"{protocol.paper}: steps {protocol.max_steps or 'service default'} ({protocol.steps_source}); "
         f"temperature {protocol.temperature}, top-p {protocol.top_p} ({protocol.decoding_source}); "
@@ -155,7 +167,8 @@ def run_protocol(
         )
         report = evaluate_answers(
             policy_url, retriever_url, chosen, recipe=protocol.recipe, collection=args.collection,
-            limit=args.limit, concurrency=args.concurrency, settings=settings, repeatable=args.repeatable,
+            limit=args.limit, concurrency=args.concurrency, repeatable=args.repeatable,
+            settings=AnswerSettings.of(protocol, seed=args.seed, dataset=evalset.dataset),
             batch_size=args.batch_size,
         )  # fmt: skip
         rows = report.pop("predictions")

@@ -85,7 +85,12 @@ def answer_questions(
     """Ask the policy every question; write the per-question rows to ``out``, return the summary.
     ``protocol``: ask as that paper's evaluation does (its episode, decoding, generation step);
     else ``shape``: answer in that episode (a run's own, greedy); else in the service's."""
-    settings = AnswerSettings.of(get_protocol(protocol)) if protocol else AnswerSettings(shape=shape)
+    dataset = questions[0].dataset if questions else None
+    settings = (
+        AnswerSettings.of(get_protocol(protocol), dataset=dataset)
+        if protocol
+        else AnswerSettings(shape=shape)
+    )
     report = evaluate_answers(
         policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings
     )

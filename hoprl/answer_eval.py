@@ -20,7 +20,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -55,7 +55,7 @@ class AnswerSettings:
     sends the question's own paragraphs (ARENA answers over them); ``generator`` names the recipe
     whose prompt turns the documents an episode retrieved into the answer, through the policy's
     chat route at the same decoding (R2AG's generation step: its episodes retrieve and stop, they
-    do not answer).
+    do not answer); ``recipe_config`` is sent as the request's recipe options (R2AG's top-k and top-t).
     """
 
     shape: EpisodeShape | None = None
@@ -66,9 +66,11 @@ class AnswerSettings:
     references: bool = False
     generator: str | None = None
     generator_max_tokens: int = 256  # a short answer, within the default POLICY_MAX_TOKENS (512)
+    recipe_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, protocol: Protocol, seed: int | None = None) -> AnswerSettings:
+    def of(cls, protocol: Protocol, seed: int | None = None, dataset: str | None = None) -> AnswerSettings:
+        """The protocol's request settings; ``dataset`` adds that evaluation set's recipe options."""
         return cls(
             shape=protocol_shape(protocol),
             max_steps=protocol.max_steps,
@@ -77,6 +79,7 @@ class AnswerSettings:
             seed=seed if protocol.temperature > 0 else None,
             references=protocol.references,
             generator=protocol.generator,
+            recipe_config=protocol.config_for(dataset),
         )
 
     def fields(self, question: Question) -> dict[str, Any]:
@@ -92,6 +95,8 @@ class AnswerSettings:
             out["paragraphs"] = [
                 {"title": p.title, "text": p.text} for p in question.paragraphs
             ]  # no gold flags
+        if self.recipe_config:
+            out["recipe_config"] = dict(self.recipe_config)
         return out
 
     def as_json(self) -> dict[str, Any]:
@@ -100,8 +105,14 @@ class AnswerSettings:
 
     @property
     def greedy(self) -> bool:
-        """What ``/v1/answer/batch`` can serve: greedy, no references, no generation step."""
-        return self.temperature == 0 and not self.references and self.generator is None
+        """What ``/v1/answer/batch`` can serve: greedy, no references, no generation step, no
+        recipe options."""
+        return (
+            self.temperature == 0
+            and not self.references
+            and self.generator is None
+            and not self.recipe_config
+        )
 
 
 def prepare_collection(retriever_url: str, questions: Sequence[Question], name: str = "eval") -> str:

@@ -52,6 +52,9 @@ CPU_PRESET: dict[str, Any] = {
     # the episode: SHAPE_DEFAULTS["cpu"] (hoprl.domain.shape says why 4 steps of 96 tokens in 1152)
     **SHAPE_DEFAULTS["cpu"].limits(),
     "save_steps": 5,  # checkpoints of short segments
+    # PPO's critic: a copy of the tiny policy's body (EVO-RAG's Qwen2.5-0.5B critic reads another
+    # tokenizer's ids than SmolLM2's)
+    "critic_model": "policy",
 }
 
 #: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
@@ -129,7 +132,7 @@ def resolve(hp: Hyperparameters, recipe: str, objective: str | None = None) -> H
     fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
     fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
           "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
-          "preference_model": False})  # fmt: skip
+          "mini_batch_size": 4, "dpo_pairs": "siblings", "preference_model": False})  # fmt: skip
     return Hyperparameters.model_validate(values)
 
 

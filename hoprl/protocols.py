@@ -23,9 +23,9 @@ prints (:func:`markdown`; tests/hoprl/test_papers_table.py checks the two are th
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hoprl.domain import unknown
 
@@ -62,6 +62,8 @@ class EvalSet:
     sampled: bool  # the paper draws a random sample of ``questions`` from the split
     source: str
     note: str = ""
+    #: recipe options for this set only, over the protocol's (R2AG's top-t from the set's hops)
+    recipe_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,16 @@ class Protocol:
     max_tokens: int | None = None  # the paper's generation limit at evaluation, when it gives one
     seeds: int = 1
     notes: tuple[str, ...] = ()
+    #: the judge service's prompt (JUDGE_ANSWER_PROMPT) that has the paper's wording, when it has one
+    judge_prompt: str | None = None
+    #: recipe options every answer is asked with (``/v1/answer``'s ``recipe_config``)
+    recipe_config: dict[str, Any] = field(default_factory=dict)
+    recipe_config_source: str = ""
+
+    def config_for(self, dataset: str | None) -> dict[str, Any]:
+        """The recipe options of an answer on ``dataset``: the protocol's, then its set's."""
+        evalset = next((s for s in self.sets if s.dataset == dataset), None)
+        return {**self.recipe_config, **(evalset.recipe_config if evalset else {})}
 
 
 @dataclass(frozen=True)
@@ -136,10 +148,18 @@ PROTOCOLS: dict[str, Protocol] = {
         recipe="r2ag",
         paper="R2AG",
         sets=(
-            EvalSet("hotpotqa", "dev", 1000, True, "App. C.2"),
-            EvalSet("2wiki", "dev", 1000, True, "App. C.2"),
-            EvalSet("musique", "dev", 1000, True, "App. C.2"),
-            EvalSet("nq", "dev", 1000, True, "App. C.2", "open-domain: the 2021 Wikipedia dump as corpus"),
+            EvalSet("hotpotqa", "dev", 1000, True, "App. C.2", "top-t 1 (M = 2 hops)", {"top_t": 1}),
+            EvalSet("2wiki", "dev", 1000, True, "App. C.2", "top-t 2 (M = 4 hops)", {"top_t": 2}),
+            EvalSet("musique", "dev", 1000, True, "App. C.2", "top-t 2 (M = 4 hops)", {"top_t": 2}),
+            EvalSet(
+                "nq",
+                "dev",
+                1000,
+                True,
+                "App. C.2",
+                "open-domain: the 2021 Wikipedia dump as corpus; top-t 1 (one hop)",
+                {"top_t": 1},
+            ),
             EvalSet("multihoprag", "test", None, False, "App. C.2", "hard 3-4 hop samples; no loader here"),
             EvalSet("longbench-v2", "test", 503, False, "App. C.2", "multiple choice (Acc); no loader here"),
         ),
@@ -151,15 +171,21 @@ PROTOCOLS: dict[str, Protocol] = {
         metrics=("recall", "full_recall", "k", "map", "em", "f1"),
         metrics_source="§3.1: Recall@K, Full-Recall@K, mAP; EM and F1 (LLM accuracy on MultiHopRAG)",
         judge="GPT-4o (§3.2, App. G.2; MultiHopRAG only)",
-        top_k="§3.2: k = 1 and k = 2 per sub-query are both evaluated; the recipe's k = 1",
+        top_k="§3.2: k = 1 and k = 2 per sub-query are both evaluated; k = 2 here, Table 5's rows "
+        "that Table 3's QA figures repeat (Table 1's retrieval rows are k = 1)",
         generator="naive-rag",
         generator_source="§3.2, App. E: Qwen3-8B generates the answer from the retrieved documents, "
         "as in naive RAG; its prompt is not given (the project's naive-rag prompt)",
         max_tokens=4096,
         notes=(
             "Table 3's R2AG rows equal Table 5's top-k = 2 figures (MuSiQue 42.7 / 54.12)",
-            "App. C.2: top-t/x with t = M and M/2 (M the dataset's maximum hops) shapes the reward only",
+            "App. C.2: top-t/x with t = M and M/2 (M the dataset's maximum hops); t = M/2 caps the "
+            "sub-queries an expansion retrieves (Table A.6's t = M/2 top-1 row is Table 1's 2Wiki row)",
+            "training does not stop early: the trainer runs the configured 80 steps and no dev "
+            "evaluation picks a checkpoint (App. B.2 stops early on 300 validation RR-Forests)",
         ),
+        recipe_config={"top_k": 2},
+        recipe_config_source="§3.2, Table 5: top-k = 2 per sub-query; App. C.2: top-t = M/2 per set",
     ),
     "eval-rar": Protocol(
         recipe="eval-rar",
@@ -199,6 +225,7 @@ PROTOCOLS: dict[str, Protocol] = {
         metrics=("em", "f1", "judge"),
         metrics_source="§4.2, App. C: normalised EM, F1, LLM-as-a-Judge",
         judge="GPT-4o 2024-11-20 at temperature 0 (App. C.3)",
+        judge_prompt="arena_lj@1",
         top_k="none: the question's own paragraphs are the references (§4.4)",
         references=True,
     ),
@@ -222,6 +249,7 @@ PROTOCOLS: dict[str, Protocol] = {
         metrics=("f1", "judge", "retrieval_count"),
         metrics_source="§4.1: F1, LLM as a Judge (ACC / LasJ), Retrieval Count",
         judge="Qwen3-235B-A22B-Instruct (App. B.2, prompt App. B.4)",
+        judge_prompt="when_to_search_judge@1",
         top_k="§4.2: top-k 5",
     ),
 }

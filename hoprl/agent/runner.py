@@ -32,6 +32,9 @@ Optional recipe hooks beyond :class:`~hoprl.recipes.base.Recipe`, read with ``ge
   step 1 (``queries == [question]``, its ``docs``), so retrieval counts and recall see it; its
   text lives in the prompt, not in ``Step.information``.
 - ``retry_message: str = ""`` and ``end_on_format_error: bool = True`` (see above).
+- ``parse_after_information(segment) -> Action``: parses the segments that follow an injected
+  information turn until one parses as a valid action (a retry does not lift it), in place of
+  ``parse``: Eval-RAR's, which requires the ``<evaluate>`` of its Algorithm 1, line 17.
 - ``accept_truncated: bool = False``: parse a segment cut at ``max_tokens`` instead of making it a
   format error (the naive-rag baseline, whose answer is plain text).
 
@@ -139,6 +142,7 @@ class _Run:
         self.messages: list[dict[str, str]] = []
         self.search_starts: list[int] = []  # index of each live search step's assistant message
         self.first_docs: list[list[RetrievedDoc]] | None = None
+        self.after_information = False  # an information turn awaits its first valid segment
         self.prompt_tokens: int | None = None
         self.used = 0
 
@@ -201,7 +205,7 @@ class _Run:
                     self.episode.outcome = "token_budget"
                     return
             else:
-                action = self.recipe.parse(completion.text)
+                action = self.parse(completion.text)
             if await self.act(t, completion.text, action):
                 return
 
@@ -218,10 +222,17 @@ class _Run:
         self.episode.meta["tokens"] = self.used
         return self.episode
 
+    def parse(self, text: str) -> Action:
+        """The recipe's parse, or its ``parse_after_information`` right after an information turn."""
+        after = getattr(self.recipe, "parse_after_information", None)
+        return after(text) if after is not None and self.after_information else self.recipe.parse(text)
+
     async def act(self, t: int, text: str, action: Action) -> bool:
         """Apply one parsed action; True when the episode is over."""
         if action.kind == "search" and not action.queries:
             action = Action("format_error", error="search action without queries")
+        if action.kind != "format_error":
+            self.after_information = action.kind == "search"
         step = self.record(t, text, action)
         if action.kind == "search":
             step.docs = await self.retrieve(action.queries)

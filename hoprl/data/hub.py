@@ -6,6 +6,13 @@ reachable from every machine); :func:`load_hub` is the same code with ``datasets
 
 Open-domain sets without paragraphs (Bamboogle, NQ, TriviaQA, PopQA) get ``paragraphs = []``:
 they are answered against a corpus you index yourself (e.g. a Wikipedia dump).
+
+The ``test`` splits the open-domain papers report (Eval-RAR App. A.4, Table 4: NQ 3,610, TriviaQA
+11,313, PopQA 14,267, Bamboogle 125) are, on the hub: NQ-open's ``validation`` split (its 3,610
+questions are the open-domain NQ test set; NQ-open has no other held-out split), TriviaQA's
+``validation`` split of the ``unfiltered.nocontext`` config (11,313 questions; the ``rc`` configs'
+validation is another set), PopQA's and Bamboogle's ``test``. :func:`hub_location` names the
+repository, config and split each (dataset, split) reads.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hoprl.domain import Paragraph, Question, unknown
@@ -110,6 +117,8 @@ class HubSpec:
     config: str | None
     mapper: Callable[[Row, str], Question]
     splits: dict[str, str]  # our split name -> the hub's
+    #: our split name -> the config that holds it, where it is not ``config``
+    split_configs: dict[str, str] = field(default_factory=dict)
 
 
 HUB: dict[str, HubSpec] = {
@@ -122,12 +131,35 @@ HUB: dict[str, HubSpec] = {
     "2wiki": HubSpec("framolfese/2WikiMultihopQA", None, twowiki, {"train": "train", "dev": "validation"}),
     "musique": HubSpec("dgslibisey/MuSiQue", None, musique, {"train": "train", "dev": "validation"}),
     "bamboogle": HubSpec("chiayewken/bamboogle", None, bamboogle, {"dev": "test", "test": "test"}),
-    "nq": HubSpec("google-research-datasets/nq_open", None, nq, {"train": "train", "dev": "validation"}),
+    "nq": HubSpec(
+        "google-research-datasets/nq_open",
+        None,
+        nq,
+        {"train": "train", "dev": "validation", "test": "validation"},
+    ),
     "triviaqa": HubSpec(
-        "mandarjoshi/trivia_qa", "rc.nocontext", triviaqa, {"train": "train", "dev": "validation"}
+        "mandarjoshi/trivia_qa",
+        "rc.nocontext",
+        triviaqa,
+        {"train": "train", "dev": "validation", "test": "validation"},
+        {"test": "unfiltered.nocontext"},
     ),
     "popqa": HubSpec("akariasai/PopQA", None, popqa, {"dev": "test", "test": "test"}),
 }
+
+
+def hub_location(name: str, split: str) -> tuple[str, str | None, str]:
+    """``(repository, config, hub split)`` that ``name``'s ``split`` is read from.
+
+    >>> hub_location("triviaqa", "test")
+    ('mandarjoshi/trivia_qa', 'unfiltered.nocontext', 'validation')
+    """
+    if name not in HUB:
+        raise unknown("dataset", name, HUB)
+    spec = HUB[name]
+    if split not in spec.splits:
+        raise ValueError(f"{name} has no split {split!r}; valid: {', '.join(spec.splits)}")
+    return spec.path, spec.split_configs.get(split, spec.config), spec.splits[split]
 
 
 def load_hub(
@@ -143,15 +175,12 @@ def load_hub(
     """
     import datasets
 
-    if name not in HUB:
-        raise unknown("dataset", name, HUB)
+    path, config, hub_split = hub_location(name, split)
     spec = HUB[name]
-    if split not in spec.splits:
-        raise ValueError(f"{name} has no split {split!r}; valid: {', '.join(spec.splits)}")
     if data_files is not None:
         rows = datasets.load_dataset("json", data_files=data_files, split="train")
     else:
-        rows = datasets.load_dataset(spec.path, spec.config, split=spec.splits[split])
+        rows = datasets.load_dataset(path, config, split=hub_split)
     out: list[Question] = []
     for row in rows:
         if limit is not None and len(out) >= limit:

@@ -1,14 +1,19 @@
 """ARENA: a single-turn generator that cites, explains and answers over given references.
 
-The prompt lists the question's own paragraphs as numbered references ``[1] title: text`` (in the
-order the question carries them). The policy writes, in one turn::
+The prompt is Table 1's: the system turn is its instruction, the user turn
+``<question>...</question>`` and ``<references>...</references>``, the references the question's own
+paragraphs numbered ``[1] title: text`` (in the order the question carries them). The policy
+writes, in one turn::
 
     <relevance>[1,5]</relevance><analysis>...</analysis><answer>...</answer>
 
 Rewards (each its own function; the paper's total is their sum):
 
-- format: 1 if the three blocks are each present once, closed, in this order, with nothing but
-  whitespace around them and a bracketed list of integers in ``<relevance>``; else 0.
+- format (§3.3): 1 if the output consists of the ``<relevance>``, ``<analysis>`` and ``<answer>``
+  parts in order (each once and closed, Table 1's "EXACTLY three sections"); else 0. Text around
+  the parts and a list without brackets do not cost the reward. ``format_check="strict"`` is the
+  project's earlier reading: nothing but whitespace around the blocks, a bracketed list of
+  integers in ``<relevance>`` and a non-empty answer.
 - accuracy: normalised exact match of the answer against any gold answer or alias (1 or 0),
   normalised as the paper's evaluation does it (App. C.1, :func:`normalize_arena`): lowercase,
   punctuation and the articles a/an/the removed, underscores replaced by spaces, spaces collapsed.
@@ -23,7 +28,8 @@ The references are the question's own paragraphs (the paper's setting: the datas
 paragraphs for HotpotQA and 2WikiMultiHopQA, Table 2). A question that brings none (an
 application's bare question to ``/v1/answer``) gets ``top_k`` = 10 references retrieved with the
 question before the single turn (the runner's ``retrieve_first = "without_references"``), numbered
-the same way and cited in the answer's citations.
+the same way. :meth:`Arena.cited_sources` gives ``/v1/answer`` the references the answer names in
+``<relevance>`` (a given paragraph, or a retrieved document), never the ones it left out.
 """
 
 from __future__ import annotations
@@ -56,11 +62,20 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation) - {"_"}
 _REF_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]")
 
+#: Table 1's instruction, as the paper prints it (the user turn carries the question and the
+#: references in the tags it names); it shows no example answer a model could repeat
 ARENA_PROMPT = (
-    "You answer a question from numbered references. First list the numbers of the references "
-    "needed to answer it inside <relevance> and </relevance>, as a bracketed list such as [1,5]. "
-    "Then explain how they lead to the answer inside <analysis> and </analysis>. Finally write only "
-    "the short answer inside <answer> and </answer>."
+    "A conversation between User and Assistant. The user asks a question and gives some references. "
+    "The assistant should answer the question based on the references.\n"
+    "User's input will always contain:\n"
+    "<question>[ the question to answer ]</question>\n"
+    "<references>[ references starting with numbers ]</references>\n"
+    "Assistant's response must contain EXACTLY three sections:\n"
+    "<relevance> [list ONLY reference numbers that provide useful information in square brackets, "
+    "e.g. [1,5]]</relevance>\n"
+    "<analysis>[ combine information from relevant references to build the answer. Explicitly "
+    "mention which references support each claim ]</analysis>\n"
+    "<answer>[ answer with ONLY a short phrase or single word. no explanations ]</answer>"
 )
 
 
@@ -76,6 +91,8 @@ class ArenaConfig(BaseModel):
     bonus: float = 10.0
     #: the accuracy reward's normalisation: the paper's (App. C.1) or SQuAD's
     answer_norm: Literal["arena", "squad"] = "arena"
+    #: the format reward's rule: §3.3's (three parts in order) or the earlier, stricter one
+    format_check: Literal["paper", "strict"] = "paper"
 
 
 def normalize_arena(text: str) -> str:
@@ -107,10 +124,14 @@ def gold_refs(paragraphs: Sequence[Paragraph | dict[str, Any]]) -> set[int]:
     return {i for i, gold in enumerate(flags, 1) if gold}
 
 
-def well_formed(text: str) -> bool:
-    """The format rule of the module docstring."""
+def well_formed(text: str, check: Literal["paper", "strict"] = "paper") -> bool:
+    """The format rule of the module docstring: §3.3's, or the earlier ``"strict"`` one."""
     parsed = parse_tags(text, TAGS)
-    if not parsed.ok or parsed.tags != TAGS or outside_text(text, parsed.blocks):
+    if not parsed.ok or parsed.tags != TAGS:
+        return False
+    if check == "paper":
+        return True
+    if outside_text(text, parsed.blocks):
         return False
     relevance, _, answer = parsed.blocks
     return bool(_REF_LIST.fullmatch(relevance.content)) and bool(answer.content)
@@ -157,11 +178,11 @@ def make_arena_rewards(config: ArenaConfig | None = None) -> list[RewardFunc]:
         preds = final_answers(completions, episodes)
         golds = gold_answers(len(texts), kw.get("answers"), episodes)
         return [
-            (well_formed(t), match(p, g) == 1.0, relevance_match(cited(t), gold_refs(ps)))
+            (well_formed(t, cfg.format_check), match(p, g) == 1.0, relevance_match(cited(t), gold_refs(ps)))
             for t, p, g, ps in zip(texts, preds, golds, paragraphs, strict=True)
         ]
 
-    @versioned("arena_format@1")
+    @versioned("arena_format@2")
     def format_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
         return [cfg.format_score if f else 0.0 for f, _, _ in _parts(completions, kw)]
 
@@ -173,7 +194,7 @@ def make_arena_rewards(config: ArenaConfig | None = None) -> list[RewardFunc]:
     def relevance_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
         return [rel_score[r] for _, _, r in _parts(completions, kw)]
 
-    @versioned("arena_bonus@1")
+    @versioned("arena_bonus@2")
     def bonus_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
         return [cfg.bonus if f and a and r == "full" else 0.0 for f, a, r in _parts(completions, kw)]
 
@@ -184,7 +205,7 @@ def make_arena_reward(config: ArenaConfig | None = None) -> RewardFunc:
     """The total R = format + accuracy + relevance + bonus, as one function."""
     parts = make_arena_rewards(config)
 
-    @versioned("arena@2")
+    @versioned("arena@3")
     def arena_reward(prompts: Sequence[Any], completions: Sequence[Any], **kw: Any) -> list[float | None]:
         columns = [fn(prompts, completions, **kw) for fn in parts]
         return [sum(v or 0.0 for v in row) for row in zip(*columns, strict=True)]
@@ -206,14 +227,14 @@ class Arena:
     def messages(
         self, question: Question, docs: list[list[RetrievedDoc]] | None = None
     ) -> list[dict[str, str]]:
-        """The numbered references (the question's paragraphs, else the retrieved ``docs``) and
-        the question."""
+        """Table 1's user turn: the question and the numbered references (the question's
+        paragraphs, else the retrieved ``docs``) in their tags."""
         refs = (
             format_docs(docs)
             if docs
             else "\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(question.paragraphs, 1))
         )
-        user = f"References:\n{refs}\n\nQuestion: {question.question}"
+        user = f"<question>{question.question}</question>\n<references>\n{refs}\n</references>"
         return [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": user}]
 
     def parse(self, segment: str) -> Action:
@@ -226,6 +247,19 @@ class Arena:
 
     def information(self, docs: list[list[RetrievedDoc]]) -> str:
         return f"<information>\n{format_docs(docs)}\n</information>"
+
+    def cited_sources(self, episode: Episode, question: Question) -> list[tuple[str, str]]:
+        """``(doc_id, title)`` of each reference the answer names in ``<relevance>``, in number
+        order: a given paragraph is ``paragraph:<n>``, a retrieved reference its document id.
+        Numbers that name no reference are left out."""
+        numbers = sorted(cited("".join(s.text for s in episode.steps)))
+        if question.paragraphs:
+            refs = [(f"paragraph:{i}", p.title) for i, p in enumerate(question.paragraphs, 1)]
+        else:
+            first = episode.steps[0].docs if episode.steps else []
+            unique = {d.id: d for hits in first for d in hits}  # format_docs' numbering
+            refs = [(d.id, d.title) for d in unique.values()]
+        return [refs[n - 1] for n in numbers if 1 <= n <= len(refs)]
 
     def reward_funcs(self) -> list[RewardFunc]:
         """``[format, accuracy, relevance, bonus]``: TRL sums them into R and logs each."""

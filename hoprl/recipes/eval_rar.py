@@ -14,7 +14,16 @@ Reward (outcome, per completion)::
 so a wrong final answer still earns a small reward (r_eval = 0.1) when the policy recognised the
 answer while evaluating evidence.
 
-An invalid action (no ``<search>`` or ``<answer>`` block, nested tags) does not end the episode:
+The evaluation is not optional: Algorithm 1 (lines 17-18) writes ``<evaluate>e</evaluate>`` after
+every information block, so a segment right after an ``<information>`` turn that does not open with
+a closed, non-empty ``<evaluate>`` block before its action is an invalid action
+(:meth:`EvalRAR.parse_after_information`, the runner's hook); the grammar of constrained decoding
+(:mod:`hoprl.agent.grammar`) asks for the same block. The system prompt is App. A.1's, with its
+instructions for what the evaluation holds (the supporting source content, or which information
+is missing).
+
+An invalid action (no ``<search>`` or ``<answer>`` block, nested tags, no evaluation after
+information) does not end the episode:
 Algorithm 1 (line 22) appends "My action is wrong. Let me try again." (:data:`RETRY_MESSAGE`,
 injected with mask 0) and the policy tries again, within the step cap N.
 ``retry_text="search-r1"`` injects Search-R1's longer message (:data:`SEARCH_R1_RETRY_MESSAGE`,
@@ -27,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from hoprl.domain import Episode
+from hoprl.domain import Action, Episode
 from hoprl.metrics.answer import containment
 from hoprl.recipes.base import RewardFunc, alias, versioned
 from hoprl.recipes.baselines import (
@@ -39,13 +48,21 @@ from hoprl.recipes.baselines import (
 )
 from hoprl.recipes.parsing import parse_tags
 
+#: App. A.1's instruction, as the paper prints it; the question follows in the user turn
+#: ("Question: ..."), where A.1 ends with ``Question: {question}``
 EVAL_RAR_PROMPT = (
-    "Answer the question by reasoning, searching and evaluating what you find. Reason inside <think> "
-    "and </think>. To look something up, write a query between <search> and </search>; the top "
-    "results come back between <information> and </information>. After every <information> block, "
-    "judge inside <evaluate> and </evaluate> whether the documents are relevant and what they "
-    "establish. When you know the answer, write it between <answer> and </answer> with no "
-    "explanation, e.g. <answer>Lisbon</answer>."
+    "You are a helpful assistant excel at answering questions with multi-turn search engine calling. "
+    "To answer questions, you must first reason through the available information using <think> and "
+    "</think>. If you identify missing knowledge, you may issue a search request using <search> query "
+    "</search> at any time. The retrieval system will provide you with the three most relevant "
+    "documents enclosed in <information> and </information>. After each search, you must conduct an "
+    "evaluation, reviewing the question and the retrieved documents comprehensively to determine if "
+    "the question can be answered. If the question can be answered, clearly cite the source content "
+    "from the search documents that supports your answer. If the question cannot be answered, specify "
+    "what information is missing: entity information, relational information, or specific "
+    "time/location details. Provide your evaluation using <evaluate> and </evaluate>. You may send "
+    "multiple search requests if needed. Once you have sufficient information, provide a concise "
+    "final answer using <answer> and </answer>. For example, <answer> Donald Trump </answer>."
 )
 
 
@@ -127,6 +144,17 @@ class EvalRAR(SearchR1):
         self.top_k = self.config.top_k
         message = RETRY_MESSAGE if self.config.retry_text == "algorithm1" else SEARCH_R1_RETRY_MESSAGE
         self.retry_message = message if self.config.retry_invalid else ""
+
+    def parse_after_information(self, segment: str) -> Action:
+        """A segment after an information turn: first a closed, non-empty ``<evaluate>`` block
+        (Algorithm 1, lines 17-18), then the action as :meth:`parse` reads it."""
+        parsed = parse_tags(segment, self.tags)
+        first = next((b for b in parsed.blocks if b.tag in ("evaluate", "search", "answer")), None)
+        if first is None or first.tag != "evaluate" or not (first.closed and first.content):
+            return Action(
+                "format_error", error="no <evaluate> block after <information> (Algorithm 1, line 17)"
+            )
+        return self.parse(segment)
 
     def reward_funcs(self) -> list[RewardFunc]:
         """One function, the paper's total (its components are module functions, for logging)."""

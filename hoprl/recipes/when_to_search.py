@@ -107,12 +107,32 @@ QUESTION_WORDS = (
 #: words a keyword query leaves out besides the question words
 FUNCTION_WORDS = ("the", "a", "an", "of", "that", "in", "on", "to", "for", "by", "with", "and", "or", "has")
 
+#: App. B.4's "Instruction for Trained RLM", as the paper prints it; the question follows in the
+#: user turn
 WHEN_TO_SEARCH_PROMPT = (
-    "Answer the question. Think inside <think> and </think>. Search only when you lack knowledge: "
-    "write a few keywords (not a question) between <search> and </search>; results come back "
-    "between <information> and </information>. After each result, reflect inside <reflect> and "
-    "</reflect> on what it tells you. When you know the answer, write it between <answer> and "
-    "</answer> with no explanation."
+    "Please answer the given question by following the structured reasoning protocol below:\n"
+    "1. Always begin with <think>...</think> to provide a brief internal reasoning sketch. - This "
+    "reasoning must primarily rely on your internal knowledge and reasoning abilities. - If your "
+    "internal knowledge is sufficient to answer the question, do not assume the need for external "
+    "tools.\n"
+    "2. If your internal knowledge is sufficient to answer the question: - Provide a concise summary "
+    "of your reasoning inside <reflect>...</reflect>. - Then give the final answer inside "
+    "<answer>...</answer>. - Under no circumstances should you generate a <search> block if your "
+    "internal knowledge is adequate.\n"
+    "3. Only if your internal knowledge is genuinely insufficient to answer the question: - Generate "
+    "a brief keyword-based search query inside <search>...</search>. The query should be as concise "
+    "as possible but must include sufficient factual clues, such as names, dates, locations, key "
+    "concepts, etc. - The query should be a brief description with multiple keywords instead of a "
+    "natural language question.\n"
+    "4. When the system returns information inside <information>...</information>: - If the "
+    "information is reliable and sufficient, integrate it with your reasoning inside "
+    "<reflect>...</reflect>. - Then provide the final concise answer inside <answer>...</answer>.\n"
+    "5. If the retrieved information is insufficient or contradicts your internal knowledge: - "
+    "Explain the issue within <reflect>...</reflect>. - If necessary, generate a revised <search> "
+    "query.\n"
+    "6. Final rule: - The final answer must be concise and clear, placed inside <answer></answer>. - "
+    "Internal reasoning (in <think>) must always be the primary method; tool usage should be a last "
+    "resort, not the default."
 )
 
 

@@ -8,6 +8,8 @@ them in its OpenAPI; :class:`hoprl.clients.policy.PolicyClient` parses the repli
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from hoprl.domain import Episode, EpisodeShape, Outcome, Paragraph, Question, Step, TokenTrajectory
@@ -51,6 +53,11 @@ class AnswerRequest(BaseModel):
         default_factory=list,
         description="the question's own references, for recipes that answer over them (ARENA); the "
         "question and these count against POLICY_MAX_PROMPT_CHARS",
+    )
+    recipe_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the recipe's options for this answer, as its config names them (e.g. R2AG's "
+        "top_k and top_t at evaluation); an unknown option or value is a 422",
     )
 
 

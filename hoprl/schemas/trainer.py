@@ -55,9 +55,13 @@ class Hyperparameters(BaseModel):
         "steps (transformers' default), constant, or cosine; the project's own loops (PPO / DPO, R2AG's "
         "rounds) keep their rate constant",
     )
-    questions_per_step: int = Field(2, ge=1, le=256, description="GRPO groups per optimizer step")
+    questions_per_step: int = Field(2, ge=1, le=512, description="GRPO groups per optimizer step")
     num_generations: int = Field(
-        4, ge=2, le=64, description="samples per question (the group size); search-r1's paper 5, cpu preset 4"
+        4,
+        ge=1,
+        le=64,
+        description="samples per question (the group size, at least 2 for every objective but PPO); "
+        "search-r1's paper 5, cpu preset 4, EVO-RAG's PPO 1 (Table 10: 128 episodes a batch)",
     )
     beta: float | None = Field(None, ge=0, description="KL coefficient; 0 = no KL and no reference model")
     kl_estimator: Literal["k3", "k2"] | None = Field(
@@ -125,10 +129,20 @@ class Hyperparameters(BaseModel):
         "policy; default: separate",
     )
     critic_learning_rate: float | None = Field(None, gt=0, description="PPO: the critic's (default 1e-5)")
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="PPO: episodes per minibatch of an update (EVO-RAG Table 10: 64; default 4)"
+    )
+    dpo_pairs: Literal["siblings", "prefixes"] | None = Field(
+        None,
+        description="DPO: pairs from the num_generations sibling candidates sampled at each step of one "
+        "episode per question (siblings: EVO-RAG App. A.4), or from independent episodes that share a "
+        "prefix (prefixes, the project's earlier reading); default: siblings",
+    )
     critic_model: str | None = Field(
         None,
         description="PPO, separate critic: the critic's own model (EVO-RAG App. C Table 10: "
-        "Qwen/Qwen2.5-0.5B-Instruct, configs/evo-rag.yaml); unset: a copy of the policy's body",
+        "Qwen/Qwen2.5-0.5B-Instruct, configs/evo-rag.yaml's PPO default; it must share the policy's "
+        "tokenizer); 'policy': a copy of the policy's body (the cpu preset's; unset takes the paper's)",
     )
     preference_model: bool | None = Field(
         None, description="EVO-RAG: train the 7-head preference model every step (default on for evo-rag)"

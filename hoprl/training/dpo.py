@@ -1,5 +1,12 @@
-"""DPO on step-level preference pairs built from stored EVO-RAG rollouts, trained with TRL.
+"""DPO on step-level preference pairs built from EVO-RAG rollouts, trained with TRL.
 
+**Sibling pairs** (:func:`sibling_pairs`, the default, App. A.4: "sibling candidates at the same
+step are used to increase pair diversity"): one episode per question samples ``K`` candidates at
+every step from the same state (:mod:`hoprl.training.siblings`). Each candidate's trajectory
+prefix (the episode's steps before ``t``, then the candidate) is scored by its weighted return
+``sum_{s <= t} R_s`` (App. A.4), and the candidates of a step are paired as below.
+
+**Prefix pairs** (:func:`build_pairs`, ``dpo_pairs: prefixes``, the project's earlier reading):
 EVO-RAG compares *prefixes*: for one question, every stored episode is a path through a tree of
 steps. Two episodes that agree on steps ``1..t-1`` (same generated text and same injected
 information, so the policy saw the same context) and differ at step ``t`` are *siblings* at ``t``.
@@ -118,24 +125,60 @@ def build_pairs(
     rows = []
     for group in sibling_groups(episodes):
         values = candidate_values(group, config)
-        ranked = sorted(values, key=lambda text: -values[text])
-        half = len(ranked) // 2
-        for chosen, rejected in zip(ranked[:half], ranked[::-1][:half], strict=True):
-            margin = values[chosen] - values[rejected]
-            if margin <= delta:
-                continue
+        rows += pair_rows(values, delta, group.prompt, group.question_id, group.t)
+    log.info("%d preference pairs from %d episodes (delta=%s)", len(rows), len(episodes), delta)
+    return rows
+
+
+def pair_rows(
+    values: dict[str, float], delta: float, prompt: list[dict[str, str]], question_id: str, t: int
+) -> list[dict[str, Any]]:
+    """One group's rows: candidates ranked by value, best with worst, second best with second
+    worst, ..., each kept when its margin exceeds ``delta`` (positives and negatives 1:1)."""
+    ranked = sorted(values, key=lambda text: -values[text])
+    half = len(ranked) // 2
+    rows = []
+    for chosen, rejected in zip(ranked[:half], ranked[::-1][:half], strict=True):
+        margin = values[chosen] - values[rejected]
+        if margin > delta:
             rows.append(
                 {
-                    "prompt": group.prompt,
+                    "prompt": prompt,
                     "chosen": [{"role": "assistant", "content": chosen}],
                     "rejected": [{"role": "assistant", "content": rejected}],
                     "margin": margin,
-                    "question_id": group.question_id,
-                    "t": group.t,
+                    "question_id": question_id,
+                    "t": t,
                 }
             )
-    log.info("%d preference pairs from %d episodes (delta=%s)", len(rows), len(episodes), delta)
     return rows
+
+
+def sibling_pairs(
+    episodes: Sequence[Episode], recipe: Any, delta: float = 0.1
+) -> tuple[list[dict[str, Any]], list[Episode]]:
+    """Rows from the sibling candidates of sibling episodes (App. A.4), and every scored branch.
+
+    A candidate's value is its prefix's weighted return ``sum_{s <= t} R_s``
+    (:meth:`EvoRag.step_rewards` of the branch); candidates that wrote the same text share the
+    mean of their values. Episodes without recorded siblings give no rows.
+    """
+    from hoprl.training.siblings import sibling_groups as step_siblings
+
+    rows: list[dict[str, Any]] = []
+    every: list[Episode] = []
+    for episode in episodes:
+        for branches, _ in step_siblings(episode, recipe):
+            every += branches
+            returns: dict[str, list[float]] = {}
+            for b in branches:
+                returns.setdefault(b.steps[-1].text, []).append(sum(recipe.step_rewards(b)))
+            values = {text: sum(r) / len(r) for text, r in returns.items()}
+            first = branches[0]
+            prompt = episode_messages(first.model_copy(update={"steps": first.steps[:-1]}))
+            rows += pair_rows(values, delta, prompt, episode.question_id, first.steps[-1].t)
+    log.info("%d sibling preference pairs from %d episodes (delta=%s)", len(rows), len(episodes), delta)
+    return rows, every
 
 
 def train_dpo(

@@ -59,7 +59,7 @@ from hoprl.recipes.scoring import score
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters, JobRequest
 from hoprl.training.callbacks import Curricula, load_loop_checkpoint, save_loop_checkpoint
-from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer
+from hoprl.training.dpo import DPOJobConfig, build_pairs, dpo_trainer, sibling_pairs
 from hoprl.training.optimizer import adamw
 from hoprl.training.policy_loss import clipped_loss
 from hoprl.training.ppo import (
@@ -117,6 +117,8 @@ class OffPolicyTrainer:
                 f"use one of {STEP_REWARD_RECIPES} or a GRPO-family objective"
             )
         self.objective, self.request, self.hp, self.recipe = objective, request, hp, recipe
+        # DPO's pairs from sibling candidates (App. A.4), rolled out as the sibling GRPO's are
+        self.dpo_siblings = objective == "dpo" and hp.dpo_pairs != "prefixes"
         self.loop = f"siblings-{objective}" if self.siblings else objective  # the checkpoints' loop name
         self.model, self.tokenizer, self.train_questions = model, tokenizer, train
         self.registry, self.run_id, self.output_dir = registry, run_id, output_dir
@@ -135,11 +137,12 @@ class OffPolicyTrainer:
             self.ppo = PPOConfig(
                 learning_rate=lr,
                 critic=hp.critic or "separate",
-                critic_model=hp.critic_model,
+                critic_model=None if hp.critic_model == "policy" else hp.critic_model,
                 critic_learning_rate=hp.critic_learning_rate or 1e-5,
                 kl_coef=hp.beta or 0.0,
                 temperature=hp.temperature,
                 batch_size=hp.questions_per_step * hp.num_generations,
+                mini_batch_size=hp.mini_batch_size or 4,
                 seed=request.seed,
             )
             # a ValueModel (its own network: critic_model's, else a copy of the policy's) or a ValueHead
@@ -163,6 +166,11 @@ class OffPolicyTrainer:
         self.branches: list[Episode] = []  # the last sibling step's scored branches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
+    @property
+    def sibling_rollouts(self) -> bool:
+        """One episode per question with sibling candidates at every step (sibling GRPO, DPO)."""
+        return self.siblings or self.dpo_siblings
+
     # -- the loop -------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | None = None) -> None:
@@ -185,7 +193,7 @@ class OffPolicyTrainer:
             episodes, timings = self.episodes(step)
             metrics = self.update(episodes) | timings
             if self.preference is not None:  # sibling GRPO: its candidates are the preference siblings
-                metrics |= self.preference.step(self.branches if self.siblings else episodes)
+                metrics |= self.preference.step(self.branches if self.sibling_rollouts else episodes)
             metrics |= {"step_time": time.perf_counter() - began, "step": float(step)}
             self.registry.log_metrics(self.run_id, step, metrics)
             shown = {
@@ -208,7 +216,7 @@ class OffPolicyTrainer:
         groups = rng.sample(self.train_questions, self.hp.questions_per_step)
         if self.hp.rollout_seed:  # each episode samples from this seed plus its index (run_episode)
             self.rollout.opts.sampling["seed"] = rng.randrange(2**31)
-        if self.siblings:
+        if self.sibling_rollouts:
             return self.sibling_episodes(step, groups, began)
         weights = [1.0] + [0.0] * (len(self.rollout.reward_funcs) - 1)  # the recipe's total; the rest log
         engine = self.rollout.engine
@@ -272,11 +280,11 @@ class OffPolicyTrainer:
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             stats = ppo_step(self.model, self.value_head, self.ref, self.optimizer, samples, self.ppo, pad)
             return stats | {"ppo/skipped": float(len(episodes) - len(usable))}
-        pairs = [
-            p
-            for p in build_pairs(episodes, self.dpo.delta, self.recipe.config)
-            if p["chosen"][0]["content"].strip() and p["rejected"][0]["content"].strip()
-        ]
+        if self.dpo_siblings:
+            built, self.branches = sibling_pairs(episodes, self.recipe, self.dpo.delta)
+        else:
+            built = build_pairs(episodes, self.dpo.delta, self.recipe.config)
+        pairs = [p for p in built if all(p[side][0]["content"].strip() for side in ("chosen", "rejected"))]
         if not pairs:
             return {"pairs": 0.0}
         config = self.dpo.model_copy(update={"batch_size": len(pairs)})

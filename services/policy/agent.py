@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import httpx
 import openai
+from pydantic import ValidationError
 
 from hoprl.agent.runner import run_episode
 from hoprl.agent.tokens import to_token_trajectory
@@ -69,12 +70,16 @@ class Policy:
         await self.retriever.aclose()
 
     # -- validation ----------------------------------------------------------------------------
-    def recipe(self, name: str) -> Any:
+    def recipe(self, name: str, config: dict[str, Any] | None = None) -> Any:
         if name not in RECIPES:
             raise ApiError(
                 422, "unknown_recipe", f"unknown recipe {name!r}; valid recipes: {sorted(RECIPES)}"
             )
-        return get_recipe(name)
+        try:
+            return get_recipe(name, **(config or {}))
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ApiError(422, "invalid_recipe_config", f"recipe_config for {name}: {problems}") from None
 
     async def check_collection(self, name: str) -> None:
         """Ask the retriever whether ``name`` exists: 404 naming it if not, 503 if it does not answer."""
@@ -125,7 +130,7 @@ class Policy:
         if not question:
             raise ApiError(422, "empty_question", "question is empty; send at least one word")
         self.bounded("question_chars", len(question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
-        recipe = self.recipe(body.recipe or s.default_recipe)
+        recipe = self.recipe(body.recipe or s.default_recipe, body.recipe_config)
         if body.max_steps is not None:
             self.bounded("max_steps", body.max_steps, s.max_steps, "POLICY_MAX_STEPS")
         shape, limited = self.answer_shape(body)
@@ -144,7 +149,7 @@ class Policy:
         return AnswerResponse(
             answer=ep.final_answer,
             refused=ep.refused,
-            citations=citations(ep),
+            citations=citations(ep, recipe, q),
             steps=ep.steps if body.return_trace else None,
             timings=Timings(
                 retrieval_s=ep.timings.get("retrieval", 0.0),
@@ -246,8 +251,13 @@ class Policy:
             return list(await within(s.request_timeout_s, asyncio.gather(*jobs)))
 
 
-def citations(episode: Episode) -> list[Citation]:
-    """Every document the episode retrieved, first occurrence first."""
+def citations(episode: Episode, recipe: Any = None, question: Question | None = None) -> list[Citation]:
+    """What the answer cites: a recipe's ``cited_sources`` hook where it has one (ARENA: the
+    references named in ``<relevance>``), else every document the episode retrieved, first
+    occurrence first."""
+    cited = getattr(recipe, "cited_sources", None)
+    if cited is not None and question is not None:
+        return [Citation(doc_id=doc_id, title=title) for doc_id, title in cited(episode, question)]
     seen: dict[str, Citation] = {}
     for step in episode.steps:
         for docs in step.docs:

@@ -100,28 +100,30 @@ async def lockstep_answers(policy: Policy, body: AnswerBatchRequest) -> tuple[li
         ))  # fmt: skip
         episodes = await within(s.request_timeout_s, work)
     answers = [
-        response(policy, ep, chat, recipe.name, body.return_trace).model_copy(
+        response(policy, ep, chat, recipe, q, body.return_trace).model_copy(
             update={"shape": shape.model_copy(update={"grammar": constraint is not None}), "limited": limited}
         )
-        for ep, chat in zip(episodes, chats, strict=True)
+        for ep, chat, q in zip(episodes, chats, questions, strict=True)
     ]
     return answers, len(rounds.rounds)
 
 
-def response(policy: Policy, ep: Episode, chat: EngineChat, recipe: str, trace: bool) -> AnswerResponse:
+def response(
+    policy: Policy, ep: Episode, chat: EngineChat, recipe: Any, question: Question, trace: bool
+) -> AnswerResponse:
     """The ``/v1/answer`` reply for one episode."""
     constrained = bool(chat.grammars) and None not in chat.grammars
     return AnswerResponse(
         answer=ep.final_answer,
         refused=ep.refused,
-        citations=citations(ep),
+        citations=citations(ep, recipe, question),
         steps=ep.steps if trace else None,
         timings=Timings(
             retrieval_s=ep.timings.get("retrieval", 0.0),
             generation_s=ep.timings.get("generation", 0.0),
             total_s=ep.timings.get("total", 0.0),
         ),
-        recipe=recipe,
+        recipe=recipe.name,
         outcome=ep.outcome,
         model=policy.model_id,
         constrained=constrained,

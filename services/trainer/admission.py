@@ -125,6 +125,12 @@ def check_limits(request: JobRequest, hp: Hyperparameters, settings: TrainerSett
             raise ApiError(
                 422, f"{code}_too_large", f"{name} = {value} exceeds the limit {limit} ({setting})"
             )
+    if hp.num_generations < 2 and request.objective not in ("ppo", "sft"):
+        raise ApiError(
+            422, "num_generations_too_small",
+            f"num_generations = {hp.num_generations}: {request.objective} compares at least 2 samples "
+            "(a group or sibling candidates); only ppo trains on one episode a question",
+        )  # fmt: skip
 
 
 def admit(request: JobRequest, settings: TrainerSettings, registry: Registry) -> JobRequest:

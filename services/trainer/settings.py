@@ -86,7 +86,7 @@ class TrainerSettings(ServiceSettings):
 
     # Limits per job: a request over one is a 422 naming the setting.
     max_steps: int = Field(10_000, ge=1, description="optimizer steps per job")
-    max_questions_per_step: int = Field(256, ge=1, description="questions (GRPO groups) per step")
+    max_questions_per_step: int = Field(512, ge=1, description="questions (GRPO groups) per step")
     max_num_generations: int = Field(64, ge=2, description="samples per question (the group size)")
     max_new_tokens_per_step: int = Field(4096, ge=1, description="tokens one agent step may generate")
     max_token_budget: int = Field(32_768, ge=16, description="completion tokens per episode")

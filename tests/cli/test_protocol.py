@@ -48,10 +48,12 @@ def test_arena_protocol_on_two_hotpotqa_questions(tmp_path: Path) -> None:
     # one answer over the question's own paragraphs (§4.4), greedy (no inference decoding is given)
     assert report["settings"] == {
         "max_steps": 1, "temperature": 0.0, "top_p": 1.0, "seed": None, "references": True,
-        "generator": None, "generator_max_tokens": 256,
+        "generator": None, "generator_max_tokens": 256, "recipe_config": {},
     }  # fmt: skip
     assert report["steps"] == 1 and report["retrieval_count"] == 0
     assert "rules" in report["judge_backend"] and 0 <= report["judge_accuracy"] <= 1
+    # the rules judge decided, not App. C.3's prompt: the report names the prompt of each verdict
+    assert report["judge_prompt"].startswith("rules@")
     # Table 3's ARENA rows on HotpotQA (EM / F1 / LJ), two backbones; the default model is neither
     paper = {(r["model"], r["metric"]): r["value"] for r in report["paper"]}
     assert paper == {

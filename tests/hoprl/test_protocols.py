@@ -58,6 +58,13 @@ def test_r2ag() -> None:
     assert p.max_steps == 5 + 1  # §3.2: L_MAX-I = 5 iterations; the last turn emits the stop
     assert set(p.metrics) == {"recall", "full_recall", "k", "map", "em", "f1"}  # §3.1
     assert p.generator == "naive-rag"  # §3.2: the same Qwen3-8B generator for naive RAG and R2AG
+    # Table 5 / Table 3: the QA rows are top-k = 2 per sub-query. App. C.2: t = M/2, M the set's most
+    # hops: HotpotQA's bridge and comparison questions 2 -> 1; 2Wiki and MuSiQue 4 -> 2; NQ 1 hop -> 1
+    assert p.config_for("2wiki") == {"top_k": 2, "top_t": 2}
+    assert p.config_for("musique") == {"top_k": 2, "top_t": 2}
+    assert p.config_for("hotpotqa") == {"top_k": 2, "top_t": 1}
+    assert p.config_for("nq") == {"top_k": 2, "top_t": 1}
+    assert p.config_for("multihoprag") == {"top_k": 2}
 
 
 def test_eval_rar() -> None:
@@ -146,9 +153,18 @@ def test_served_backbone() -> None:
     assert served_backbone("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B-Instruct")
 
 
+def test_judge_prompts_are_the_papers() -> None:
+    # ARENA App. C.3 Table 8; Learning When to Search App. B.4 ("Instruction for Judge LLM")
+    assert PROTOCOLS["arena"].judge_prompt == "arena_lj@1"
+    assert PROTOCOLS["when-to-search"].judge_prompt == "when_to_search_judge@1"
+    assert all(p.judge_prompt is None for p in PROTOCOLS.values() if "judge" not in p.metrics)
+
+
 def test_protocol_settings_reach_the_request() -> None:
-    r2ag = AnswerSettings.of(PROTOCOLS["r2ag"], seed=3)
-    assert r2ag.fields(shared_question()) == {"max_steps": 6, "temperature": 0.6, "top_p": 0.9, "seed": 3}
+    r2ag = AnswerSettings.of(PROTOCOLS["r2ag"], seed=3, dataset="musique")
+    assert r2ag.fields(shared_question()) == {
+        "max_steps": 6, "temperature": 0.6, "top_p": 0.9, "seed": 3, "recipe_config": {"top_k": 2, "top_t": 2}
+    }  # fmt: skip
     assert not r2ag.greedy and AnswerSettings.of(PROTOCOLS["evo-rag"]).greedy
     arena = AnswerSettings.of(PROTOCOLS["arena"]).fields(shared_question())
     assert arena["max_steps"] == 1 and len(arena["paragraphs"]) == 10  # HotpotQA: 10 paragraphs each

@@ -1,7 +1,8 @@
 """EVO-RAG: seven step-level rewards, an in-episode weight scheduler and a two-stage curriculum.
 
-Ji et al., "Curriculum-Guided Reinforcement Learning for Efficient Multi-Hop Retrieval-Augmented
-Generation" (arXiv:2505.17391). The policy acts one step at a time::
+"EVO-RAG: Evolving Retrieval-Augmented Agents for Efficient Multi-Hop Query Optimization", an
+anonymous double-blind submission (``../shared/papers/evo-rag.txt``; no arXiv id). The policy acts
+one step at a time::
 
     <think>...</think><search>query</search>      SEARCH(query): retrieve top-k documents
     <think>...</think><backtrack/>                BACKTRACK: drop the last search and its evidence

@@ -69,10 +69,10 @@ class R2ag:
 
     name: ClassVar[str] = "r2ag"
     stop: ClassVar[list[str]] = [END]
-    top_k: ClassVar[int] = 1
 
     def __init__(self, **config: Any) -> None:
         self.config = R2agConfig(**config)
+        self.top_k = self.config.top_k
         self.max_steps = self.config.l_max + 1  # L_MAX expansions, then the stop
 
     def messages(self, question: Question) -> list[dict[str, str]]:
@@ -82,7 +82,12 @@ class R2ag:
         ]
 
     def parse(self, segment: str) -> Action:
-        return parse_expansion(segment)
+        """The expansion; with ``top_t`` only its first t sub-queries go to the retriever."""
+        action = parse_expansion(segment)
+        t = self.config.top_t
+        if t is not None and len(action.queries) > t:
+            action.queries, action.query_kinds = action.queries[:t], action.query_kinds[:t]
+        return action
 
     def information(self, docs: list[list[RetrievedDoc]]) -> str:
         return render_information(docs)

@@ -37,6 +37,19 @@ class R2agConfig(BaseModel):
     format_bonus: float = Field(default=0.01, ge=0, description="R_f per sub-query segment after a <think>")
     format_cap: float = Field(default=0.02, ge=0, description="w R_f is capped at this (App. B.2)")
     l_max: int = Field(default=L_MAX, ge=1, description="tree levels in progressive training (L_MAX)")
+    top_k: int = Field(
+        default=1,
+        ge=1,
+        description="documents each sub-query retrieves: 1 (the Hit@Top-1 constraint of training, "
+        "Table 1's rows) or 2 (Table 5's top-k = 2, the QA rows Table 3 reports)",
+    )
+    top_t: int | None = Field(
+        default=None,
+        ge=1,
+        description="at evaluation, only the first t sub-queries an expansion writes are retrieved "
+        "(App. C.2: t = M or M/2, M the dataset's maximum hops; Table A.6); None retrieves them all "
+        "(training, where top-t shapes R_AP only)",
+    )
     forest_width: int | None = Field(
         default=None,
         ge=1,

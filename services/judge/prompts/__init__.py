@@ -32,6 +32,8 @@ ANSWER_PROMPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "answer_validation@1": (("correct",), ("wrong", "incorrect")),
     # ARENA's LLM-as-a-Judge prompt (App. C.3, Table 8), for its LJ metric with GPT-4o at temperature 0
     "arena_lj@1": (("yes",), ("no",)),
+    # Learning When to Search's judge instruction (App. B.4), with Qwen3-235B-A22B-Instruct
+    "when_to_search_judge@1": (("yes",), ("no",)),
 }
 ANSWERABLE_PROMPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "answerable@1": (("yes",), ("no",)),

@@ -100,7 +100,8 @@ def test_eval_rar_injects_the_retry_message_and_goes_on(url: str) -> None:
     from hoprl.agent.tokens import episode_messages
     from hoprl.recipes.eval_rar import RETRY_MESSAGE, SEARCH_R1_RETRY_MESSAGE, EvalRAR
 
-    ep, app = episode(url, ["I think it is Jane.", SEARCH, ANSWER], recipe=EvalRAR())
+    evaluated = "<evaluate>[1] says Jane Roe founded it.</evaluate>\n" + ANSWER
+    ep, app = episode(url, ["I think it is Jane.", SEARCH, evaluated], recipe=EvalRAR())
     assert ep.outcome == "answer" and [s.action for s in ep.steps] == ["format_error", "search", "answer"]
     # Algorithm 1, line 22: y <- y + "My action is wrong. Let me try again."
     assert ep.steps[0].information == RETRY_MESSAGE == "My action is wrong. Let me try again."
@@ -115,6 +116,27 @@ def test_eval_rar_injects_the_retry_message_and_goes_on(url: str) -> None:
     assert ended.outcome == "format_error" and len(ended.steps) == 1
     old, _ = episode(url, ["I think it is Jane.", ANSWER], recipe=EvalRAR(retry_text="search-r1"))
     assert old.steps[0].information == SEARCH_R1_RETRY_MESSAGE and "invalid" in SEARCH_R1_RETRY_MESSAGE
+
+
+def test_eval_rar_requires_an_evaluation_after_every_information(url: str) -> None:
+    """Algorithm 1, lines 16-18: after <information> comes <evaluate>; a segment that skips it is an
+    invalid action (line 22's retry), and the requirement holds until an evaluation is written.
+    The first segment (no information yet) needs none."""
+    from hoprl.recipes.eval_rar import RETRY_MESSAGE, EvalRAR
+
+    evaluated = "<evaluate>[1] says Jane Roe founded Acme Records.</evaluate>\n" + ANSWER
+    ep, _ = episode(url, [SEARCH, ANSWER, ANSWER, evaluated], recipe=EvalRAR())
+    assert [s.action for s in ep.steps] == ["search", "format_error", "format_error", "answer"]
+    assert ep.steps[1].error == "no <evaluate> block after <information> (Algorithm 1, line 17)"
+    assert ep.steps[1].information == ep.steps[2].information == RETRY_MESSAGE
+    assert (ep.outcome, ep.final_answer) == ("answer", "Jane Roe")
+    # an evaluation and a second search: the next information asks for its own evaluation
+    searched = "<evaluate>Jane Roe founded it; her birthplace is missing.</evaluate>\n" + SEARCH2
+    again, _ = episode(url, [SEARCH, searched, ANSWER], recipe=EvalRAR(retry_invalid=False))
+    assert [s.action for s in again.steps] == ["search", "search", "format_error"]
+    # search-r1 has no such rule: the same answer right after information is accepted
+    plain, _ = episode(url, [SEARCH, ANSWER])
+    assert plain.outcome == "answer"
 
 
 def test_step_cap(url: str) -> None:

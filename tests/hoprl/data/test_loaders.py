@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hoprl.data.corpus import chunk, doc_id, gold_ids, pool
-from hoprl.data.hub import HUB, load_hub
+from hoprl.data.hub import HUB, hub_location, load_hub
 from hoprl.data.jsonl import DataError, load_questions, write_questions
 from hoprl.data.sources import load
 from hoprl.schemas import Document
@@ -163,3 +163,32 @@ def test_chunk_splits_long_documents_on_sentences() -> None:
     assert [c.id for c in parts] == [f"d#{i}" for i in range(len(parts))]
     covered = " ".join(c.text for c in parts)
     assert all(f"Sentence number {i} is here." in covered for i in range(60))
+
+
+def test_the_open_domain_test_sets_the_protocols_name(tmp_path: Path) -> None:
+    """Eval-RAR App. A.4, Table 4 evaluates NQ test (3,610) and TriviaQA test (11,313): on the hub
+    NQ-open's 3,610-question validation split and TriviaQA's unfiltered.nocontext validation split
+    (11,313; rc.nocontext's validation is a different set)."""
+    assert hub_location("nq", "test") == ("google-research-datasets/nq_open", None, "validation")
+    assert hub_location("triviaqa", "test") == ("mandarjoshi/trivia_qa", "unfiltered.nocontext", "validation")
+    assert hub_location("triviaqa", "dev") == ("mandarjoshi/trivia_qa", "rc.nocontext", "validation")
+    nq_rows = [{"question": "who wrote hamlet", "answer": ["William Shakespeare", "Shakespeare"]}]
+    trivia_rows = [{"question": "Capital of France?", "question_id": "tc_1",
+                    "answer": {"value": "Paris", "aliases": ["Paris", "Paree"]}}]  # fmt: skip
+    for name, rows, answers in (
+        ("nq", nq_rows, ["William Shakespeare", "Shakespeare"]),
+        ("triviaqa", trivia_rows, ["Paris", "Paree"]),
+    ):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (q,) = load_hub(name, "test", data_files=str(path))
+        assert (q.dataset, q.split, q.answers, q.paragraphs) == (name, "test", answers, [])
+
+
+def test_every_protocol_set_with_a_loader_names_a_split_it_has() -> None:
+    from hoprl.protocols import PROTOCOLS
+
+    for protocol in PROTOCOLS.values():
+        for evalset in protocol.sets:
+            if evalset.dataset in HUB:
+                assert hub_location(evalset.dataset, evalset.split)[2]  # no ValueError

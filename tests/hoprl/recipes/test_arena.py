@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hoprl.data.synthetic import Hop, SyntheticQuestion
-from hoprl.domain import Episode, Paragraph, Question, Step
+from hoprl.domain import Episode, Paragraph, Question, RetrievedDoc, Step
 from hoprl.recipes import get_recipe
 from hoprl.recipes.arena import Arena, expert_analysis, make_arena_reward
 
@@ -29,10 +29,10 @@ ROWS = [
     (out("[]"), 1, 1, 0.0),  # nothing cited
     (out("[2,4]", answer="the paris."), 1, 1, 1.0),  # normalised EM
     (out("[2,4]", answer="Lyon"), 1, 0, 1.0),  # wrong answer: no bonus
-    (out("2 and 4"), 0, 1, 1.0),  # not a bracketed list: format 0, the numbers are still read
+    (out("2 and 4"), 1, 1, 1.0),  # §3.3 asks for no brackets: the numbers are read, format 1
     ("<analysis>a</analysis><relevance>[2,4]</relevance><answer>Paris</answer>", 0, 1, 1.0),  # order
     ("<relevance>[2,4]</relevance><answer>Paris</answer>", 0, 1, 1.0),  # analysis missing
-    ("Sure! " + out("[2,4]"), 0, 1, 1.0),  # text outside the blocks
+    ("Sure! " + out("[2,4]"), 1, 1, 1.0),  # text outside the parts: still the three in order
     ("<relevance>[2,4]</relevance><analysis>a</analysis><answer>Paris", 0, 1, 1.0),  # unclosed answer
     (out("[2,4]") + out("[2,4]"), 0, 1, 1.0),  # blocks repeated
     ("no tags at all", 0, 0, 0.0),
@@ -52,7 +52,7 @@ def test_names_versions_and_paragraph_dicts() -> None:
     funcs = Arena().reward_funcs()
     assert [f.__name__ for f in funcs] == ["arena_format", "arena_accuracy", "arena_relevance", "arena_bonus"]
     versions = [f.__version__ for f in funcs]  # type: ignore[attr-defined]
-    assert versions == ["arena_format@1", "arena_accuracy@2", "arena_relevance@1", "arena_bonus@1"]
+    assert versions == ["arena_format@2", "arena_accuracy@2", "arena_relevance@1", "arena_bonus@2"]
     dicts = [p.model_dump() for p in PARAGRAPHS]  # the dataset column as JSON rows
     assert make_arena_reward()([""], [out("[2,4]")], answers=[GOLD], paragraphs=[dicts]) == [13.0]
 
@@ -81,8 +81,13 @@ def test_config_constants() -> None:
 def test_messages_number_the_question_paragraphs_and_expert_is_perfect() -> None:
     q = Question(id="q", dataset="d", split="dev", question="Where?", answers=GOLD, paragraphs=PARAGRAPHS)
     recipe = Arena()
-    user = recipe.messages(q)[1]["content"]
-    assert "[1] T1: text 1\n[2] T2: text 2" in user and user.endswith("Question: Where?")
+    system, user = (m["content"] for m in recipe.messages(q))
+    # Table 1: the question and the numbered references, each in its tag
+    assert user.startswith("<question>Where?</question>\n<references>\n[1] T1: text 1\n[2] T2: text 2")
+    assert user.endswith("[5] T5: text 5\n</references>")
+    # Table 1's instruction shows the three sections and no example answer to repeat
+    assert "EXACTLY three sections" in system and "<answer>[ answer with ONLY a short phrase" in system
+    assert "Lisbon" not in system
     expert = recipe.expert(q)
     assert recipe.parse(expert).answer == "Paris"
     assert make_arena_reward()([""], [expert], answers=[GOLD], paragraphs=[PARAGRAPHS]) == [13.0]
@@ -107,3 +112,37 @@ def test_expert_analysis_cites_each_hop_by_number() -> None:
     synthetic = SyntheticQuestion(id="s", dataset="synthetic", split="dev", question="Where?",
                                   answers=GOLD, paragraphs=PARAGRAPHS, hops=hops)  # fmt: skip
     assert expert_analysis(synthetic) == "[2] T2: the founded by is Ann. [4] T4: the born in is Paris."
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [
+        (out("[2,4]"), 1),
+        (out("2 and 4"), 0),  # not a bracketed list
+        ("Sure! " + out("[2,4]"), 0),  # text outside the blocks
+        (out("[2,4]", answer=""), 0),  # empty answer
+    ],
+)
+def test_strict_format_option_keeps_the_earlier_reading(text: str, fmt: int) -> None:
+    kwargs = {"answers": [GOLD], "paragraphs": [PARAGRAPHS]}
+    (format_reward, *_) = Arena(format_check="strict").reward_funcs()
+    assert format_reward([""], [text], **kwargs) == [float(fmt)]
+
+
+def answered(text: str, docs: list[list[RetrievedDoc]] | None = None) -> Episode:
+    step = Step(t=1, action="answer", text=text, answer="Paris", docs=docs or [])
+    return Episode(recipe="arena", question_id="q", question="Where?", steps=[step])
+
+
+def test_cited_sources_are_the_named_references_only() -> None:
+    recipe = Arena()
+    given = Question(id="q", dataset="api", split="serve", question="Where?", paragraphs=PARAGRAPHS)
+    # given paragraphs: [4] and [2] named, [9] names nothing; in number order
+    named = recipe.cited_sources(answered(out("[4, 2, 9]")), given)
+    assert named == [("paragraph:2", "T2"), ("paragraph:4", "T4")]
+    # retrieved references, numbered as format_docs numbers them (the repeated d1 once)
+    hits = [[RetrievedDoc(id=f"d{i}", title=f"D{i}", text="x") for i in (1, 2, 3)]]
+    hits.append([RetrievedDoc(id="d1", title="D1", text="x"), RetrievedDoc(id="d4", title="D4", text="x")])
+    bare = Question(id="q", dataset="api", split="serve", question="Where?")
+    assert recipe.cited_sources(answered(out("[4]"), hits), bare) == [("d4", "D4")]
+    assert recipe.cited_sources(answered("no relevance block", hits), bare) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hoprl.domain import Episode
+from hoprl.domain import Episode, Question
 from hoprl.recipes import get_recipe
 from hoprl.recipes.eval_rar import EvalRAR, answer_reward, evaluate_text, make_evaluate_reward
 from tests.episodes import answer as answer_step
@@ -84,3 +84,29 @@ def test_evaluate_text_ignores_information_and_concatenates() -> None:
 def test_parse_after_information_turn() -> None:
     action = EvalRAR().parse("<evaluate>doc 1 names Jane Roe</evaluate>\n<answer>Jane Roe</answer>")
     assert (action.kind, action.answer) == ("answer", "Jane Roe")
+
+
+@pytest.mark.parametrize(
+    ("segment", "kind"),
+    [
+        ("<evaluate>doc 1 names Jane Roe</evaluate>\n<answer>Jane Roe</answer>", "answer"),
+        (
+            "<evaluate>the birthplace is missing</evaluate>\n<think>t</think><search>Jane Roe</search>",
+            "search",
+        ),
+        ("<think>t</think><answer>Jane Roe</answer>", "format_error"),  # no evaluation
+        ("<answer>Jane Roe</answer><evaluate>late</evaluate>", "format_error"),  # after the action
+        ("<evaluate></evaluate><answer>Jane Roe</answer>", "format_error"),  # empty
+        ("<evaluate>unclosed <answer>Jane Roe</answer>", "format_error"),
+    ],
+)
+def test_algorithm_1_line_17_evaluation_after_information(segment: str, kind: str) -> None:
+    assert EvalRAR().parse_after_information(segment).kind == kind
+
+
+def test_prompt_is_app_a1() -> None:
+    """A.1 says what an evaluation holds: the supporting source content, or what is missing."""
+    prompt = EvalRAR().messages(Question(id="q", dataset="d", split="dev", question="Who?"))[0]["content"]
+    assert "After each search, you must conduct an evaluation" in prompt
+    assert "specify what information is missing: entity information, relational information" in prompt
+    assert "Provide your evaluation using <evaluate> and </evaluate>." in prompt

@@ -258,6 +258,11 @@ ARENA_CASES = [
         arena_episode("<relevance>[1]</relevance><answer>Boston</answer><analysis>x</analysis>", "Boston"),
         0.0,
     ),
+    # §3.3's format check asks for the three parts in order, nothing about brackets: "2" names
+    # gold {2}, so format 1 + accuracy 1 + relevance 1 + bonus 10 = 13
+    ("unbracketed list", arena_episode(arena_text("2", "New York"), "New York"), 13.0),
+    # a sentence before the parts: still the three parts in order, 1 + 1 + 1 + 10 = 13
+    ("text before", arena_episode("Here it is. " + arena_text("[2]", "New York"), "New York"), 13.0),
 ]
 
 
@@ -269,6 +274,11 @@ def test_arena_sec_3_3(name: str, episode: Episode, expected: float) -> None:
 def test_arena_squad_option() -> None:
     # answer_norm="squad": "the new_york" -> "newyork" != "new york": 1 + 0 + 1 + 0 = 2
     assert total("arena", ARENA_CASES[1][1], ARENA_Q, answer_norm="squad") == pytest.approx(2.0)
+
+
+def test_arena_strict_format_option() -> None:
+    # format_check="strict" (the earlier reading) wants "[2]": format 0 and so no bonus, 0 + 1 + 1 = 2
+    assert total("arena", ARENA_CASES[4][1], ARENA_Q, format_check="strict") == pytest.approx(2.0)
 
 
 # --- EVO-RAG: Sec. 3.3, Table 2, Sec. 3.6 -------------------------------------------------------------

@@ -41,6 +41,7 @@ from hoprl.recipes.r2ag import (
     finished,
     grow_forest,
     parse_expansion,
+    protocol,
     prune,
     score_episode,
     survivors,
@@ -545,3 +546,15 @@ def test_stop_signal_never_reaches_the_retriever(world: dict[str, Any], tmp_path
         assert totals(e) == pytest.approx({"r_mh": hops, "r_jh": 1.0, "r_ap": 1.0, "r_f": 0.02,
                                            "R": 0.2 * hops + 0.3 + 0.2 + 0.02})  # fmt: skip
     assert totals(others["premature"])["R"] == 0.0
+
+
+def test_top_t_caps_the_sub_queries_an_expansion_retrieves() -> None:
+    """App. C.2 / Table A.6: at evaluation only the first t branches of an expansion are retrieved;
+    top-k sets the documents per sub-query (Table 5: k = 2). Training's defaults keep every branch, k = 1."""
+    segment = "<think>t</think>\n<base-Q>a</base-Q>\n<base-Q>b</base-Q>\n<predicted-Q>c</predicted-Q>\n<end/>"
+    assert R2ag().parse(segment).queries == ["a", "b", "c"] and R2ag().top_k == 1
+    capped = R2ag(top_t=2, top_k=2)
+    action = capped.parse(segment)
+    assert (action.queries, action.query_kinds, capped.top_k) == (["a", "b"], ["base", "base"], 2)
+    assert R2ag(top_t=1).parse(segment).queries == ["a"]
+    assert R2ag(top_t=1).parse(protocol.stop_segment("done")).kind == "stop"

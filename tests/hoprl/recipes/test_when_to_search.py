@@ -332,3 +332,17 @@ def test_a_stage_two_job_trains_in_stage_two_from_its_first_step() -> None:
     assert rewards(recipe, ep)[2] == pytest.approx(0.4)
     assert not recipe.curriculum.update(1)  # nothing left to switch
     assert get_recipe("when-to-search", **stage_config("when-to-search", 1)).curriculum.stage == 1
+
+
+def test_system_prompt_is_app_b4_in_full() -> None:
+    """App. B.4's "Instruction for Trained RLM": its six rules, not a paraphrase."""
+    prompt = WhenToSearch().config.system_prompt
+    assert prompt.startswith("Please answer the given question by following the structured reasoning")
+    for line in (
+        "1. Always begin with <think>...</think> to provide a brief internal reasoning sketch.",
+        "Under no circumstances should you generate a <search> block if your internal knowledge is adequate.",
+        "The query should be a brief description with multiple keywords instead of a natural language",
+        "5. If the retrieved information is insufficient or contradicts your internal knowledge:",
+        "tool usage should be a last resort, not the default.",
+    ):
+        assert line in prompt

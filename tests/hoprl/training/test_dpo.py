@@ -129,3 +129,61 @@ def test_two_dpo_steps_change_weights(tiny_model: str, tmp_path: Path) -> None:
     after = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert "model.embed_tokens.weight" in changed and any("layers.1" in k for k in changed)
+
+
+def test_sibling_pairs_rank_the_candidates_of_one_step_by_their_prefix_return() -> None:
+    """App. A.4: pairs from the sibling candidates sampled at one step, valued by the prefix's
+    weighted return sum_{s<=t} R_s. One episode with siblings (tests/hoprl/training/test_siblings.py
+    works out each R_t by hand from §3.3 and Table 2):
+
+    t = 1 (p = 0): hit search R_1 = 1.98, missing search -2.02, answer 0.03. Ranked hit > answer >
+    miss; the best pairs with the worst: (hit, miss), margin 4.0; the middle one stays unpaired.
+    t = 2 (both after the hit, 1.98): answer 1.98 + 0.031053 = 2.011053, refusal 1.98 - 0.521579
+    = 1.458421; one pair (answer, refusal), margin 0.552632.
+
+    Independent-prefix pairing finds nothing here: a single episode shares no prefix with another."""
+    from hoprl.recipes.evo_rag import EvoRag
+    from hoprl.training.dpo import sibling_pairs
+    from tests.hoprl.training.test_siblings import episode as sibling_episode
+
+    rows, branches = sibling_pairs([sibling_episode()], EvoRag(), delta=0.1)
+    assert [(r["t"], r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in rows] == [
+        (1, "<search>Acme founder</search>", "<search>Zeta river</search>"),
+        (2, "<answer>Jane Roe</answer>", "<refuse/>"),
+    ]
+    assert [r["margin"] for r in rows] == pytest.approx([4.0, 0.552632], abs=1e-5)
+    assert rows[0]["prompt"] == [{"role": "user", "content": "Who founded Acme?"}]
+    # step 2's prompt: the question, step 1's search and its information
+    assert [m["role"] for m in rows[1]["prompt"]] == ["user", "assistant", "user"]
+    assert rows[1]["prompt"][1]["content"] == "<search>Acme founder</search>"
+    assert len(branches) == 3 + 2  # every scored branch, for the preference model
+    assert build_pairs([sibling_episode()]) == []
+    # a margin filter above the step-2 margin keeps only the step-1 pair
+    assert [r["t"] for r in sibling_pairs([sibling_episode()], EvoRag(), delta=1.0)[0]] == [1]
+
+
+def test_a_dpo_job_rolls_out_siblings_unless_asked_for_prefix_pairs(tiny_model: str, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from hoprl.recipes.evo_rag import EvoRag
+    from hoprl.registry.store import Registry
+    from hoprl.schemas import Question
+    from hoprl.schemas.trainer import JobRequest
+    from hoprl.training.offpolicy import OffPolicyTrainer
+    from hoprl.training.rollout import RolloutOptions
+
+    cpu = {"preset": "cpu"}
+    request = JobRequest(recipe="evo-rag", objective="dpo", model=tiny_model, hyperparameters=cpu)
+    q = Question(id="q", dataset="t", split="train", question="Who founded Acme?", answers=["Jane Roe"])
+    opts = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    with Registry(f"sqlite:///{tmp_path / 'r.db'}") as registry:
+        for pairs, expected in ((None, True), ("prefixes", False)):
+            hp = request.hyperparameters.resolved("evo-rag", "dpo").model_copy(
+                update={"preference_model": False, "dpo_pairs": pairs or "siblings"}
+            )
+            trainer = OffPolicyTrainer("dpo", request, hp, EvoRag(), model, tokenizer, [q], [q], opts,
+                                       registry, "job-x", str(tmp_path))  # fmt: skip
+            assert trainer.sibling_rollouts is expected
+    assert request.hyperparameters.resolved("evo-rag", "dpo").dpo_pairs == "siblings"

@@ -233,7 +233,8 @@ def test_a_separate_critic_has_its_own_network_and_learning_rate(
 
 def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: Path) -> None:
     """The job loop with an evo-rag PPO request's resolved defaults: a ValueModel critic, two
-    learning rates and a KL coefficient of 0.001 in the PPO config."""
+    learning rates and a KL coefficient of 0.001 in the PPO config; Table 10's batch of 128
+    episodes (128 questions, one episode each) in minibatches of 64, and its critic model."""
     from hoprl.domain import Question
     from hoprl.registry.store import Registry
     from hoprl.schemas.trainer import JobRequest
@@ -242,6 +243,12 @@ def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: 
 
     request = JobRequest(recipe="evo-rag", objective="ppo", model=tiny_model)
     hp = resolve(request.hyperparameters, request.recipe, request.objective)
+    # Table 10, PPO column: batch 128 episodes, mini-batch 64, critic Qwen/Qwen2.5-0.5B-Instruct
+    assert (hp.questions_per_step, hp.num_generations, hp.mini_batch_size) == (128, 1, 64)
+    assert hp.critic_model == "Qwen/Qwen2.5-0.5B-Instruct"
+    cpu = JobRequest(recipe="evo-rag", objective="ppo", hyperparameters={"preset": "cpu"})
+    assert resolve(cpu.hyperparameters, "evo-rag", "ppo").critic_model == "policy"  # SmolLM2's own body
+    hp = hp.model_copy(update={"critic_model": "policy"})  # the tiny policy's tokenizer is not Qwen2.5's
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     q = Question(id="q", dataset="t", split="train", question="Who founded Acme?", answers=["Jane Roe"])
     opts = RolloutOptions(
@@ -253,6 +260,7 @@ def test_an_evo_rag_ppo_job_builds_the_papers_critic(tiny_model: str, tmp_path: 
         trainer = OffPolicyTrainer("ppo", request, hp, EvoRag(), model, tokenizer, [q], [q], opts, registry,
                                    "job-x", str(tmp_path))  # fmt: skip
     assert isinstance(trainer.value_head, ValueModel) and trainer.ppo.kl_coef == 0.001
+    assert (trainer.ppo.batch_size, trainer.ppo.mini_batch_size) == (128, 64)
     assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-6, 1e-5]
     assert trainer.ref is not None  # the KL needs the frozen reference
 

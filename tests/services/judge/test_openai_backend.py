@@ -102,6 +102,29 @@ def test_teacher_prompt_and_answerable_prompt() -> None:
     assert any("(none known)" in r["messages"][0]["content"] for r in llm.requests)
 
 
+def test_when_to_search_judge_prompt_is_app_b4() -> None:
+    """App. B.4's "Instruction for Judge LLM": a flexible semantic match, one word YES or NO."""
+    llm = ScriptedLLM({"Prediction: the capital of France": "YES", "Prediction: Lyon": "NO"})
+    items = [
+        AnswerItem(prediction="the capital of France", references=["Paris"]),
+        AnswerItem(prediction="Lyon", references=["Paris", "City of Light"]),
+    ]
+    with llm_judge(llm, answer_prompt="when_to_search_judge@1") as url, JudgeClient(url) as client:
+        verdicts = client.answer(items)
+    assert [(v.verdict, v.version) for v in verdicts] == [
+        (True, "when_to_search_judge@1"), (False, "when_to_search_judge@1")
+    ]  # fmt: skip
+    prompt = next(r["messages"][0]["content"] for r in llm.requests if "Lyon" in r["messages"][0]["content"])
+    assert prompt.startswith(
+        "You are an evaluation assistant. Your task is to determine whether the given prediction "
+        "semantically matches any of the reference answers. This is a flexible match: even if the "
+        "wording is different, if the meaning is the same, consider it a match."
+    )
+    assert "Reference Answers:\n- Paris\n- City of Light" in prompt
+    assert "- YES → if the prediction expresses the same meaning as any of the reference answers." in prompt
+    assert prompt.rstrip().endswith("Only respond with YES or NO.")
+
+
 def test_transient_errors_are_retried_then_succeed() -> None:
     llm = ScriptedLLM(default="YES", fail_first=2, fail_status=503)
     with llm_judge(llm, retries=2) as url, JudgeClient(url) as client:

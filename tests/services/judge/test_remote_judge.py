@@ -102,8 +102,9 @@ def test_prompts_ship_as_package_data() -> None:
         prompt = load_prompt(version)
         assert "{references}" in prompt.template
         assert ("{prediction}" in prompt.template) == (version in ANSWER_PROMPTS)
-        # ARENA's prompt (App. C.3, Table 8) shows the judge the answers only, not the question
-        assert ("{question}" in prompt.template) == (version != "arena_lj@1")
+        # ARENA's prompt (App. C.3, Table 8) and when-to-search's (App. B.4) show the judge the
+        # answers only, not the question
+        assert ("{question}" in prompt.template) == (version not in ("arena_lj@1", "when_to_search_judge@1"))
     with pytest.raises(ValueError, match="known"):
         load_prompt("answer_equivalence@9")
 

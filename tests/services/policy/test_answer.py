@@ -52,13 +52,15 @@ def test_answer_shape_citations_and_timings(policy_url: str, recipe: str) -> Non
 
 def test_arena_retrieves_references_for_a_bare_question(policy_url: str) -> None:
     """An application's question brings no references: ARENA retrieves the paper's 10 (Table 2,
-    HotpotQA / 2Wiki) with the question before its single turn and cites them; the tiny collection
-    holds 4 documents, so min(10, 4) = 4 citations, each an indexed document."""
+    HotpotQA / 2Wiki) with the question before its single turn; the tiny collection holds 4
+    documents, so min(10, 4) = 4 references. Its citations are the ones it names, never more
+    (tests/services/policy/test_arena_citations.py checks which)."""
     with PolicyClient(policy_url) as policy:
         reply = policy.answer("Who founded Acme Records?", recipe="arena", return_trace=True)
     assert reply.recipe == "arena" and reply.steps is not None and len(reply.steps) == 1
     assert reply.steps[0].queries == ["Who founded Acme Records?"]
-    assert {c.doc_id for c in reply.citations} == INDEXED and len(reply.citations) == 4
+    assert {d.id for docs in reply.steps[0].docs for d in docs} == INDEXED
+    assert {c.doc_id for c in reply.citations} <= INDEXED
     assert reply.timings.retrieval_s > 0
 
 

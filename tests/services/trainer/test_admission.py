@@ -191,6 +191,23 @@ def test_sizes_over_their_limit_are_422_naming_the_setting(roots: dict[str, Path
         assert post(http, **request({"steps": 30, **DYNAMIC})).status_code == 201  # 1,966,080 tokens
 
 
+def test_one_sample_a_question_is_ppo_only(trainer: httpx.Client) -> None:
+    """EVO-RAG's PPO rolls out one episode a question (Table 10); a group or a sibling comparison
+    needs at least two samples, so GRPO and DPO with one are a 422 naming the field."""
+    response = post(trainer, hyperparameters={"num_generations": 1})
+    body = response.json()
+    assert (response.status_code, body["error"]) == (422, "num_generations_too_small")
+    assert "num_generations = 1" in body["message"]
+    assert (
+        post(trainer, recipe="evo-rag", objective="dpo", hyperparameters={"num_generations": 1}).status_code
+        == 422
+    )
+    assert (
+        post(trainer, recipe="evo-rag", objective="ppo", hyperparameters={"num_generations": 1}).status_code
+        == 201
+    )
+
+
 def test_default_limits_refuse_a_million_steps(trainer: httpx.Client) -> None:
     response = post(trainer, steps=1_000_000)
     assert response.status_code == 422 and "TRAINER_MAX_STEPS" in response.json()["message"]

@@ -82,14 +82,15 @@ def changed(before: str, after: str) -> bool:
 
 @pytest.fixture(scope="module")
 def ppo_run(env: Env, tiny_model: str, collection: str) -> str:
-    return run(env, tiny_model, collection, "ppo")
+    # Table 10's Qwen2.5-0.5B critic cannot read the tiny model's tokens: a copy of the policy
+    return run(env, tiny_model, collection, "ppo", critic_model="policy")
 
 
-def check_job(env: Env, run_id: str, model: str) -> list[Path]:
+def check_job(env: Env, run_id: str, model: str, episodes: int = GROUPS * SAMPLES) -> list[Path]:
     """Registry rows for every step, and resumable checkpoints that moved the weights."""
     settings, registry, _ = env
     per_step = [registry.count_episodes(run_id, step=s) for s in range(1, STEPS + 1)]
-    assert per_step == [GROUPS * SAMPLES] * STEPS
+    assert per_step == [episodes] * STEPS
     assert [s for s, _ in registry.metric_series(run_id, "step")] == list(range(1, STEPS + 1))
     assert registry.current_stage(run_id) == "discovery"
     folders = [Path(c.path) for c in registry.checkpoints(run_id)]
@@ -111,11 +112,21 @@ def test_ppo_job(env: Env, ppo_run: str, tiny_model: str) -> None:
 
 
 def test_dpo_job(env: Env, tiny_model: str, collection: str) -> None:
+    """EVO-RAG's DPO (App. A.4): one episode per question with SAMPLES - 1 siblings at every step;
+    the pairs come from each step's candidates."""
     run_id = run(env, tiny_model, collection, "dpo")
     pairs = [v for _, v in env[1].metric_series(run_id, "pairs")]
     assert len(pairs) == STEPS and sum(pairs) > 0, "no preference pair: DPO cannot have moved a weight"
-    check_job(env, run_id, tiny_model)
+    check_job(env, run_id, tiny_model, episodes=GROUPS)
+    episodes = [Episode.model_validate(r.trajectory) for r in env[1].episodes(run_id, step=1)]
+    assert all(len(others) == SAMPLES - 1 for e in episodes for others in e.meta["siblings"].values())
     assert "loss" in env[1].latest_metrics(run_id)
+
+
+def test_dpo_prefix_pairs_option(env: Env, tiny_model: str, collection: str) -> None:
+    """``dpo_pairs: prefixes`` (the earlier reading): SAMPLES independent episodes a question."""
+    run_id = run(env, tiny_model, collection, "dpo", steps=1, dpo_pairs="prefixes")
+    assert env[1].count_episodes(run_id, step=1) == GROUPS * SAMPLES
 
 
 def texts(registry: Registry, run_id: str, step: int) -> list[list[str]]:
@@ -137,7 +148,7 @@ def test_episodes_from(env: Env, ppo_run: str, tiny_model: str,
                        collection: str) -> None:  # fmt: skip
     """A DPO job on the PPO run's stored episodes: the same episodes, step by step, cycled."""
     registry = env[1]
-    run_id = run(env, tiny_model, collection, "dpo", steps=3, episodes_from=ppo_run)
+    run_id = run(env, tiny_model, collection, "dpo", steps=3, episodes_from=ppo_run, dpo_pairs="prefixes")
     source = {s: [r.trajectory for r in registry.episodes(ppo_run, step=s)] for s in (1, 2)}
     for step, origin in ((1, 1), (2, 2), (3, 1)):
         assert [r.trajectory for r in registry.episodes(run_id, step=step)] == source[origin]
@@ -149,7 +160,7 @@ def test_episodes_from(env: Env, ppo_run: str, tiny_model: str,
     assert len(pairs) == 3 and pairs[2] == pairs[0]
     assert changed(tiny_model, registry.checkpoints(run_id)[-1].path) == (sum(pairs) > 0)
     with pytest.raises(ValueError, match="not a run"):
-        run(env, tiny_model, collection, "ppo", steps=1, episodes_from="job-missing")
+        run(env, tiny_model, collection, "ppo", steps=1, episodes_from="job-missing", critic_model="policy")
 
 
 def test_sibling_grpo_job(env: Env, tiny_model: str, collection: str) -> None:

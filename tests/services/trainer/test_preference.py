@@ -276,7 +276,7 @@ def test_an_evo_rag_job_trains_the_preference_model_and_logs_its_accuracy(
                                torch_threads=1)  # fmt: skip
     hp = Hyperparameters(questions_per_step=4, num_generations=6, max_steps=2, max_new_tokens_per_step=8,
                          token_budget=64, save_steps=2, eval_questions=1, learning_rate=1e-3,
-                         preference_eval_share=0.25)  # fmt: skip
+                         preference_eval_share=0.25, critic_model="policy")  # fmt: skip
     request = JobRequest(recipe="evo-rag", objective=objective, model=tiny_model, dataset=str(data),
                          collection=collection, steps=2, hyperparameters=hp)  # fmt: skip
     with Registry(settings.database_url) as registry:

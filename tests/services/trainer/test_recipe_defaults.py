@@ -77,6 +77,7 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("eval-rar", None, "beta", 0.001, "Eval-RAR App. A.2: beta 0.001"),
     ("eval-rar", None, "epsilon", 0.2, "Eval-RAR App. A.2: clip 0.2"),
     ("eval-rar", None, "top_k", 3, "Eval-RAR §5.1: top-3 documents"),
+    ("eval-rar", None, "questions_per_step", 512, "Eval-RAR App. A.2: a total training batch of 512"),
     # ARENA: GRPO with the k2 KL (§3.2), App. E
     ("arena", None, "objective", "grpo", "ARENA §3.2"),
     ("arena", None, "kl_estimator", "k2", "ARENA §3.2: 1/2 (log pi/pi_ref)^2 in place of k3"),
