@@ -52,7 +52,11 @@ ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/15"  # this file's own database number
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 RECIPE = "search-r1"
-OPTIONS = {"model": "scripted", "max_steps": 8, "temperature": 0.7, "seed": 5}
+OPTIONS = {
+    "model": "scripted",
+    "seed": 5,
+    "shape": {"max_steps": 8, "max_new_tokens_per_step": 512, "token_budget": 4096, "temperature": 0.7},
+}
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

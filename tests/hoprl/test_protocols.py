@@ -14,6 +14,7 @@ import pytest
 
 from hoprl.answer_eval import AnswerSettings
 from hoprl.data.hub import HUB, bamboogle
+from hoprl.domain import EpisodeShape
 from hoprl.protocols import (
     HEADLINES,
     METRIC_KEYS,
@@ -162,12 +163,15 @@ def test_judge_prompts_are_the_papers() -> None:
 
 def test_protocol_settings_reach_the_request() -> None:
     r2ag = AnswerSettings.of(PROTOCOLS["r2ag"], seed=3, dataset="musique")
-    assert r2ag.fields(shared_question()) == {
-        "max_steps": 6, "temperature": 0.6, "top_p": 0.9, "seed": 3, "recipe_config": {"top_k": 2, "top_t": 2}
-    }  # fmt: skip
+    fields = r2ag.fields(shared_question())
+    # the paper's whole episode (App. B.2: 6 turns, 4,096 tokens; App. C.2: 0.6 / 0.9), not the service's
+    assert fields.pop("shape") == EpisodeShape(
+        max_steps=6, max_new_tokens_per_step=4096, token_budget=8192, temperature=0.6
+    )
+    assert fields == {"top_p": 0.9, "seed": 3, "recipe_config": {"top_k": 2, "top_t": 2}}
     assert not r2ag.greedy and AnswerSettings.of(PROTOCOLS["evo-rag"]).greedy
     arena = AnswerSettings.of(PROTOCOLS["arena"]).fields(shared_question())
-    assert arena["max_steps"] == 1 and len(arena["paragraphs"]) == 10  # HotpotQA: 10 paragraphs each
+    assert arena["shape"].max_steps == 1 and len(arena["paragraphs"]) == 10  # HotpotQA: 10 paragraphs each
     assert all(set(p) == {"title", "text"} for p in arena["paragraphs"])  # the gold flags stay here
 
 

@@ -31,6 +31,7 @@ from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
+from hoprl.domain import EpisodeShape
 from hoprl.generation.model import resolve_model
 from hoprl.schemas import Document
 from hoprl.schemas.judge import AnswerItem
@@ -249,9 +250,9 @@ def test_a_prefect_flow_sends_the_key(keyed: dict[str, Service]) -> None:
         result = evaluate(
             "keyed", "baseline", data["paths"]["test"], index["collection"], "naive-rag", *urls, limit=2
         )
-        episode = {"max_steps": 1, "max_new_tokens_per_step": 8, "token_budget": 64}
+        episode = EpisodeShape(max_steps=1, max_new_tokens_per_step=8, token_budget=64)
         rollouts = collect_rollouts(
-            "keyed", 1, data["paths"]["dev"], index["collection"], "naive-rag", *urls[:2], 1, options=episode
+            "keyed", 1, data["paths"]["dev"], index["collection"], "naive-rag", *urls[:2], 1, shape=episode
         )
     assert index["points"] > 0 and result["evaluation_id"] and 0 <= result["metrics"]["em"] <= 1
     assert rollouts["written"] == 1

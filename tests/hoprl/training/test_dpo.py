@@ -165,25 +165,29 @@ def test_sibling_pairs_rank_the_candidates_of_one_step_by_their_prefix_return() 
 def test_a_dpo_job_rolls_out_siblings_unless_asked_for_prefix_pairs(tiny_model: str, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
+    from hoprl.domain import Question
+    from hoprl.jobspec import resolve
     from hoprl.recipes.evo_rag import EvoRag
     from hoprl.registry.store import Registry
-    from hoprl.schemas import Question
     from hoprl.schemas.trainer import JobRequest
     from hoprl.training.offpolicy import OffPolicyTrainer
     from hoprl.training.rollout import RolloutOptions
+    from tests.conftest import shape
 
     cpu = {"preset": "cpu"}
     request = JobRequest(recipe="evo-rag", objective="dpo", model=tiny_model, hyperparameters=cpu)
     q = Question(id="q", dataset="t", split="train", question="Who founded Acme?", answers=["Jane Roe"])
-    opts = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2)
+    opts = RolloutOptions(
+        collection="c", retriever_url="http://127.0.0.1:9", num_generations=2, shape=shape()
+    )
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     with Registry(f"sqlite:///{tmp_path / 'r.db'}") as registry:
         for pairs, expected in ((None, True), ("prefixes", False)):
-            hp = request.hyperparameters.resolved("evo-rag", "dpo").model_copy(
+            hp = resolve(request.hyperparameters, "evo-rag", "dpo").model_copy(
                 update={"preference_model": False, "dpo_pairs": pairs or "siblings"}
             )
             trainer = OffPolicyTrainer("dpo", request, hp, EvoRag(), model, tokenizer, [q], [q], opts,
                                        registry, "job-x", str(tmp_path))  # fmt: skip
             assert trainer.sibling_rollouts is expected
-    assert request.hyperparameters.resolved("evo-rag", "dpo").dpo_pairs == "siblings"
+    assert resolve(request.hyperparameters, "evo-rag", "dpo").dpo_pairs == "siblings"

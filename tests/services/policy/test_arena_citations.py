@@ -34,7 +34,7 @@ PARAGRAPHS = [
 def arena_url(indexed: str, model_path: str) -> Iterator[str]:
     with LocalServer(scripted.create_app({QUESTION: [ANSWER]})) as llm:
         settings = small_settings(
-            indexed, model_path, engine="openai", openai_base_url=f"{llm.url}/v1", max_tokens_per_step=256
+            indexed, model_path, engine="openai", openai_base_url=f"{llm.url}/v1", max_new_tokens_per_step=256
         )
         with LocalServer(create_app(settings)) as server:
             yield server.url

@@ -14,9 +14,13 @@ from hoprl.domain import Paragraph, Question
 
 from .conftest import COLLECTION
 
+#: a rollout's episode: within the service's limits (small_settings: 3 steps, 24 tokens, 1,024)
+SHAPE = {"max_steps": 1, "max_new_tokens_per_step": 8, "token_budget": 64}
+
 
 def rollouts(policy_url: str, questions: list[Question], **fields: Any) -> httpx.Response:
-    body = {"questions": [q.model_dump() for q in questions], "recipe": "arena", "collection": COLLECTION}
+    body = {"questions": [q.model_dump() for q in questions], "recipe": "arena", "collection": COLLECTION,
+            "sampling": {"shape": SHAPE}}  # fmt: skip
     return httpx.post(f"{policy_url}/v1/rollouts", json={**body, **fields}, timeout=60)
 
 

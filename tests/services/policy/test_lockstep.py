@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from hoprl.clients.retriever import AsyncRetrieverClient
-from hoprl.domain import Question
+from hoprl.domain import EpisodeShape, Question
 from hoprl.generation.engines import Generation, Prompt, SamplingParams
 from hoprl.generation.lockstep import Lockstep, lockstep_episodes
 from hoprl.generation.transformers_engine import TransformersEngine
@@ -33,7 +33,7 @@ QUESTIONS = [
         ("How long is the river through the capital of Ostland?", "412 km"),
     ])
 ]  # fmt: skip
-OPTIONS = {"max_steps": 4, "max_new_tokens_per_step": 24, "token_budget": 160, "temperature": 0.0}
+OPTIONS = {"shape": EpisodeShape(max_steps=4, max_new_tokens_per_step=24, token_budget=160, temperature=0.0)}
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
 

@@ -30,7 +30,7 @@ STOP = "<think>found</think>\n<base-Q>stop retrieval</base-Q>\n<predicted-Q>none
 def r2ag_url(indexed: str, model_path: str) -> Iterator[str]:
     with LocalServer(scripted.create_app({QUESTION: [EXPANSION, STOP]})) as llm:
         settings = small_settings(
-            indexed, model_path, engine="openai", openai_base_url=f"{llm.url}/v1", max_tokens_per_step=256
+            indexed, model_path, engine="openai", openai_base_url=f"{llm.url}/v1", max_new_tokens_per_step=256
         )
         with LocalServer(create_app(settings)) as server:
             yield server.url

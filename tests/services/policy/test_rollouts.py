@@ -60,11 +60,17 @@ def test_seeded_rollouts_repeat(policy_url: str) -> None:
 
 
 def test_rollouts_reject_too_many_and_bad_limits(policy_url: str) -> None:
-    body = {"questions": [q.model_dump() for q in QUESTIONS], "recipe": "search-r1", "collection": COLLECTION}
+    one_step = {
+        "shape": shape(max_steps=1, max_new_tokens_per_step=8, token_budget=64).model_dump(mode="json")
+    }
+    body = {"questions": [q.model_dump() for q in QUESTIONS], "recipe": "search-r1", "collection": COLLECTION,
+            "sampling": one_step}  # fmt: skip
     too_many = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "n_samples": 5})
     assert too_many.status_code == 413 and too_many.json()["error"] == "batch_too_large"
     too_long = shape(max_steps=1, max_new_tokens_per_step=999, token_budget=1024).model_dump(mode="json")
     long_steps = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "sampling": {"shape": too_long}})
     assert long_steps.status_code == 422 and "POLICY_MAX_NEW_TOKENS_PER_STEP" in long_steps.json()["message"]
     unknown = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "recipe": "nope"})
+    shapeless = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "sampling": {}})
+    assert shapeless.status_code == 422 and "shape" in shapeless.text  # a run's own shape, never a default
     assert unknown.status_code == 422 and unknown.json()["error"] == "unknown_recipe"
