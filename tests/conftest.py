@@ -34,14 +34,20 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def shape(
-    max_steps: int = 10, max_new_tokens_per_step: int = 512, token_budget: int = 4096, **rest: object
+    max_steps: int = 10,
+    max_new_tokens_per_step: int = 512,
+    token_budget: int = 4096,
+    temperature: float = 1.0,
+    **rest: object,
 ) -> EpisodeShape:
-    """An episode shape for a test: roomy limits unless the test names its own."""
+    """An episode shape for a test: roomy limits and sampling at 1.0 (what the runner's options
+    defaulted to before episodes had a shape) unless the test names its own."""
     return EpisodeShape.model_validate(
         {
             "max_steps": max_steps,
             "max_new_tokens_per_step": max_new_tokens_per_step,
             "token_budget": token_budget,
+            "temperature": temperature,
             **rest,
         }
     )
