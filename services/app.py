@@ -25,7 +25,8 @@ Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
 def create_service_app(
-    name: str, description: str, lifespan: Lifespan, router: APIRouter, ready: ReadyCheck
+    name: str, description: str, lifespan: Lifespan, router: APIRouter, ready: ReadyCheck,
+    admin_token: str | None = None, admin_setting: str = "the admin token",
 ) -> FastAPI:
     """The FastAPI app of service ``name`` (titled ``hoprl <name>``).
 
@@ -34,12 +35,14 @@ def create_service_app(
         lifespan: makes the service's state on ``app.state`` and closes it.
         router: every route of the service; its routes take their state through ``Depends``.
         ready: the readiness check behind ``/readyz`` (:func:`services.health.health_router`).
+        admin_token: the bearer token of the ``/v1/admin/*`` routes (``admin_setting`` names its
+            setting), checked before any body is read; None disables them (403).
     """
     app = FastAPI(
         title=f"hoprl {name}", version=hoprl.__version__, description=description, lifespan=lifespan
     )
     install_error_handlers(app)  # before the routers: its body check is a dependency of theirs
-    install_api_key(app)
+    install_api_key(app, admin_token=admin_token, admin_setting=admin_setting)
     app.include_router(router)
     app.include_router(health_router(ready))
     return app

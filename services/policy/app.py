@@ -81,7 +81,8 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
         "The policy model served: OpenAI-compatible completions, /v1/answer for apps "
         "(a recipe's agent loop against the retriever), token-level rollouts, checkpoint switching."
     )
-    app = create_service_app("policy", description, lifespan, router, ready)
+    token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    app = create_service_app("policy", description, lifespan, router, ready, token, "POLICY_ADMIN_TOKEN")
     app.include_router(batch_router)
     return app
 
