@@ -25,8 +25,13 @@ Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
 def create_service_app(
-    name: str, description: str, lifespan: Lifespan, router: APIRouter, ready: ReadyCheck,
-    admin_token: str | None = None, admin_setting: str = "the admin token",
+    name: str,
+    description: str,
+    lifespan: Lifespan,
+    router: APIRouter,
+    ready: ReadyCheck,
+    admin_token: str | None = None,
+    admin_setting: str = "the admin token",
 ) -> FastAPI:
     """The FastAPI app of service ``name`` (titled ``hoprl <name>``).
 

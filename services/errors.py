@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hoprl.schemas import ErrorBody
+from hoprl.schemas import VISIBLE, VISIBLE_MESSAGE, ErrorBody
 
 log = logging.getLogger("hoprl.services")
 
@@ -63,6 +63,8 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     first = errors[0]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # pydantic's prefix
+    if first.get("type") == "string_pattern_mismatch" and VISIBLE in message:
+        message = VISIBLE_MESSAGE  # the non-blank rule, in words rather than as its regex
     return "invalid_request", f"{where}: {message}"
 
 

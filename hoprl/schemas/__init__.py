@@ -17,9 +17,28 @@ Every loader (local JSONL, Hugging Face hub, the synthetic world) produces :clas
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+#: a string holding at least one visible character: not only whitespace, NUL or other ASCII control
+#: characters. A request field that must say something carries it as its OpenAPI ``pattern`` (with
+#: ``minLength: 1``), so the published schema and the validation are one rule (the 422 says so in
+#: words: :func:`services.errors.validation_message`).
+VISIBLE = r"[^\s\x00-\x1f\x7f]"
+#: the message for a string that fails :data:`VISIBLE`
+VISIBLE_MESSAGE = (
+    "must hold at least one visible character (not only spaces or control characters such as NUL)"
+)
+
+
+def non_blank(max_length: int) -> StringConstraints:
+    """The constraints of a request string that must say something, in 1 to ``max_length`` characters."""
+    return StringConstraints(min_length=1, max_length=max_length, pattern=VISIBLE)
+
+
+#: a non-blank identifier-like string of at most 256 characters (ids, names, titles a client sends)
+Name = Annotated[str, non_blank(256)]
 
 
 class Paragraph(BaseModel):
@@ -53,9 +72,9 @@ class Document(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1, max_length=256)
+    id: Annotated[str, non_blank(256)]
     title: str = Field(default="", max_length=2_000)
-    text: str = Field(min_length=1, max_length=100_000)
+    text: Annotated[str, non_blank(100_000)] = Field(description="at least one visible character")
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

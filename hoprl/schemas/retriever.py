@@ -2,6 +2,11 @@
 
 A search request's ``filter`` is validated here, so a bad condition is a 422 that names it before
 the index sees it (Qdrant's JSON paths and int64 integers set the bounds).
+
+The requests are strict (``"top_k": "5"`` or ``true`` is a 422, not 5 or 1) and publish the
+retriever's size ceilings (:data:`MAX_QUERIES`, :data:`MAX_QUERY_CHARS`, :data:`MAX_TOP_K`,
+:data:`MAX_DOCUMENTS`) in their OpenAPI schema; the ``RETRIEVER_MAX_*`` settings default to these
+ceilings and may only lower them (a lowered limit answers 413 / 422 naming its setting).
 """
 
 from __future__ import annotations
@@ -12,7 +17,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, field_validator
 
-from hoprl.schemas import Document
+from hoprl.schemas import Document, non_blank
+
+#: the most queries in one search request (RETRIEVER_MAX_QUERIES may lower it)
+MAX_QUERIES = 256
+#: the most characters in one query (RETRIEVER_MAX_QUERY_CHARS may lower it): 4x the policy's
+#: question cap, so a question or an agent's generated query (<= POLICY_MAX_TOKENS_PER_STEP tokens)
+#: fits; the dense encoder reads the first RETRIEVER_EMBED_MAX_LENGTH tokens of it anyway
+MAX_QUERY_CHARS = 8_192
+#: the most hits per query (RETRIEVER_MAX_TOP_K may lower it)
+MAX_TOP_K = 100
+#: the most documents in one ingest request (RETRIEVER_MAX_DOCUMENTS may lower it)
+MAX_DOCUMENTS = 4_096
+#: a search query: 1 to MAX_QUERY_CHARS characters, at least one of them visible
+Query = Annotated[str, non_blank(MAX_QUERY_CHARS)]
 
 SearchMode = Literal["dense", "sparse", "hybrid"]
 
@@ -40,9 +58,11 @@ class Hit(BaseModel):
 
 
 class IngestRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    documents: list[Document] = Field(min_length=1)
+    documents: list[Document] = Field(
+        min_length=1, max_length=MAX_DOCUMENTS, description="at most RETRIEVER_MAX_DOCUMENTS"
+    )
 
 
 class IngestResponse(BaseModel):
@@ -53,11 +73,16 @@ class IngestResponse(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     collection: str = Field(min_length=1, max_length=128)
-    queries: list[str] = Field(min_length=1)
-    top_k: int = Field(default=5, ge=1, le=100)
+    queries: list[Query] = Field(
+        min_length=1,
+        max_length=MAX_QUERIES,
+        description="1 to RETRIEVER_MAX_QUERIES queries, each 1 to RETRIEVER_MAX_QUERY_CHARS characters "
+        "with at least one visible character",
+    )
+    top_k: int = Field(default=5, ge=1, le=MAX_TOP_K, description="hits per query (<= RETRIEVER_MAX_TOP_K)")
     mode: SearchMode = "hybrid"
     filter: dict[FilterKey, FilterValue] | None = Field(
         default=None,
@@ -72,14 +97,6 @@ class SearchRequest(BaseModel):
         description="hybrid only: add the second (pseudo-relevance feedback) round; "
         "default: the service's RETRIEVER_FEEDBACK",
     )
-
-    @field_validator("queries")
-    @classmethod
-    def _non_empty(cls, queries: list[str]) -> list[str]:
-        for i, q in enumerate(queries):
-            if not q.strip():
-                raise ValueError(f"queries[{i}] is empty; every query needs at least one word")
-        return queries
 
     @field_validator("filter", mode="before")
     @classmethod
@@ -130,12 +147,14 @@ class CollectionInfo(BaseModel):
 class RetrieveRequest(BaseModel):
     """Search-R1's retrieval-server request shape."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    queries: list[str] = Field(min_length=1)
-    topk: int = Field(default=3, ge=1, le=100)
+    queries: list[Query] = Field(min_length=1, max_length=MAX_QUERIES, description="as SearchRequest.queries")
+    topk: int = Field(default=3, ge=1, le=MAX_TOP_K, description="hits per query (<= RETRIEVER_MAX_TOP_K)")
     return_scores: bool = False
-    collection: str | None = Field(default=None, description="default: RETRIEVER_DEFAULT_COLLECTION")
+    collection: str | None = Field(
+        default=None, min_length=1, max_length=128, description="default: RETRIEVER_DEFAULT_COLLECTION"
+    )
 
 
 class RetrieveResponse(BaseModel):

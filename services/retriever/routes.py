@@ -121,23 +121,43 @@ def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> Ingest
     limit = index.settings.max_documents
     if len(body.documents) > limit:
         raise ApiError(
-            413, "batch_too_large", f"{len(body.documents)} documents in one request; the limit is {limit}"
+            413,
+            "batch_too_large",
+            f"documents: {len(body.documents)} in one request; the limit is {limit} "
+            "(RETRIEVER_MAX_DOCUMENTS)",
         )
     return index.ingest(_valid_name(name), body.documents)
+
+
+def check_limits(queries: list[str], top_k: int, index: HybridIndex, top_k_field: str) -> None:
+    """413 / 422 naming the first request size over its ``RETRIEVER_MAX_*`` setting."""
+    s = index.settings
+    if len(queries) > s.max_queries:
+        raise ApiError(
+            413,
+            "batch_too_large",
+            f"queries: {len(queries)} in one request; the limit is {s.max_queries} (RETRIEVER_MAX_QUERIES)",
+        )
+    for i, query in enumerate(queries):
+        if len(query) > s.max_query_chars:
+            raise ApiError(
+                422,
+                "query_too_long",
+                f"queries[{i}]: {len(query)} characters; the limit is {s.max_query_chars} "
+                "(RETRIEVER_MAX_QUERY_CHARS)",
+            )
+    if top_k > s.max_top_k:
+        raise ApiError(
+            422,
+            "top_k_out_of_range",
+            f"{top_k_field} must be between 1 and {s.max_top_k} (RETRIEVER_MAX_TOP_K)",
+        )
 
 
 @router.post("/v1/search", operation_id="search")
 def search(body: SearchRequest, index: IndexDep) -> SearchResponse:
     """Search a batch of queries; ``mode`` is dense, sparse (BM25) or hybrid (RRF of both)."""
-    s = index.settings
-    if len(body.queries) > s.max_queries:
-        raise ApiError(
-            413,
-            "batch_too_large",
-            f"{len(body.queries)} queries in one request; the limit is {s.max_queries}",
-        )
-    if body.top_k > s.max_top_k:
-        raise ApiError(422, "top_k_out_of_range", f"top_k must be between 1 and {s.max_top_k}")
+    check_limits(body.queries, body.top_k, index, "top_k")
     try:
         return index.search(body)
     except CollectionNotFound:
@@ -148,10 +168,8 @@ def search(body: SearchRequest, index: IndexDep) -> SearchResponse:
 def retrieve(body: RetrieveRequest, index: IndexDep) -> RetrieveResponse:
     """Search-R1 compatibility: documents as ``{"id", "contents": '"title"\\ntext'}``."""
     collection = body.collection or index.settings.default_collection
-    try:
-        query = SearchRequest(collection=collection, queries=body.queries, top_k=body.topk, mode="hybrid")
-    except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc).splitlines()[-1].strip()) from None
+    check_limits(body.queries, body.topk, index, "topk")
+    query = SearchRequest(collection=collection, queries=body.queries, top_k=body.topk, mode="hybrid")
     response = search(query, index)
     result: list[list[dict[str, Any]]] = []
     for hits in response.results:

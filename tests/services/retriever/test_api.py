@@ -177,8 +177,15 @@ def test_collections_list_create_delete(service: str) -> None:
         ({"collection": "tiny", "queries": ["x"], "top_k": 101}, 422, "invalid_request"),
         ({"collection": "tiny", "queries": ["x"], "mode": "bm42"}, 422, "invalid_request"),
         ({"collection": "nope", "queries": ["x"]}, 404, "collection_not_found"),
-        ({"collection": "tiny", "queries": ["x"] * 257}, 413, "batch_too_large"),
+        ({"collection": "tiny", "queries": ["x"] * 257}, 422, "invalid_request"),  # past the schema's 256
         ({"collection": "tiny", "queries": ["x"], "surprise": 1}, 422, "invalid_request"),
+        # not even one visible character, too long, or a type the schema does not name
+        ({"collection": "tiny", "queries": ["\x00\x00"]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["\t\u3000\n"]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x" * 8193]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "top_k": "5"}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "top_k": True}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "feedback": 0}, 422, "invalid_request"),
     ],
 )
 def test_bad_search_input_is_a_json_4xx(service: str, body: dict, status: int, error: str) -> None:
@@ -203,7 +210,8 @@ def test_bad_ingest_loses_nothing(service: str) -> None:
     """A rejected batch writes nothing: the collection keeps exactly what it had."""
     too_many = {"documents": [{"id": f"d{i}", "text": "x"} for i in range(4097)]}
     empty_text = {"documents": [{"id": "ok", "text": "fine"}, {"id": "bad", "text": ""}]}
-    for body, status in [(too_many, 413), (empty_text, 422), ({"documents": []}, 422)]:
+    nul_text = {"documents": [{"id": "ok", "text": "fine"}, {"id": "bad", "text": "\x00\x00 "}]}
+    for body, status in [(too_many, 422), (empty_text, 422), (nul_text, 422), ({"documents": []}, 422)]:
         response = httpx.post(f"{service}/v1/collections/tiny/documents", json=body)
         assert response.status_code == status, response.text
     with RetrieverClient(service) as client:
@@ -219,6 +227,57 @@ def test_search_r1_retrieve_route(service: str) -> None:
     assert plain[0][0]["id"] == "acme"
     missing = httpx.post(f"{service}/retrieve", json={"queries": ["x"]})
     assert missing.status_code == 404 and missing.json()["error"] == "collection_not_found"
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"queries": [""]}, "queries.0: String should have at least 1 character"),
+        ({"queries": ["ok", " \x00 "]}, "queries.1: must hold at least one visible character"),
+        ({"queries": ["x"], "topk": "3"}, "topk: Input should be a valid integer"),
+    ],
+)
+def test_search_r1_route_names_what_is_wrong(service: str, body: dict, where: str) -> None:
+    """``/retrieve {"queries": [""]}`` answered 422 with pydantic's URL line as its only message and
+    ``detail: null``; it names the field and the rule now, with the error list in ``detail``."""
+    response = httpx.post(f"{service}/retrieve", json=body | {"collection": "tiny"})
+    assert response.status_code == 422, response.text
+    assert response.json()["message"].startswith(where) and response.json()["detail"], response.text
+
+
+def test_lowered_size_limits_name_their_settings(tmp_path: Path) -> None:
+    """Each RETRIEVER_MAX_* setting lowers its limit below the schema's ceiling, on /v1/search and
+    on /retrieve alike, and the 4xx names the field, the limit and the setting."""
+    app = create_app(RetrieverSettings(storage_path=tmp_path / "unused"))
+    client = TestClient(app)
+    limits = {"max_queries": 2, "max_query_chars": 10, "max_top_k": 3, "max_documents": 1}
+    index = HybridIndex(RetrieverSettings(storage_path=tmp_path / "own", **limits))
+    try:
+        index.ingest("own", CORPUS[:2])
+        app.dependency_overrides[index_of] = lambda: index
+        cases = [
+            ("/v1/search", {"queries": ["a", "b", "c"]}, 413,
+             "queries: 3 in one request; the limit is 2 (RETRIEVER_MAX_QUERIES)"),
+            ("/v1/search", {"queries": ["a", "x" * 11]}, 422,
+             "queries[1]: 11 characters; the limit is 10 (RETRIEVER_MAX_QUERY_CHARS)"),
+            ("/v1/search", {"queries": ["a"], "top_k": 4}, 422,
+             "top_k must be between 1 and 3 (RETRIEVER_MAX_TOP_K)"),
+            ("/retrieve", {"queries": ["x" * 11]}, 422, "queries[0]: 11 characters; the limit is 10"),
+            ("/retrieve", {"queries": ["a"], "topk": 4}, 422,
+             "topk must be between 1 and 3 (RETRIEVER_MAX_TOP_K)"),
+        ]  # fmt: skip
+        for path, body, status, message in cases:
+            response = client.post(path, json=body | {"collection": "own"})
+            assert (response.status_code, response.json()["message"][: len(message)]) == (status, message)
+        fits = client.post(
+            "/v1/search", json={"collection": "own", "queries": ["Acme", "x" * 10], "top_k": 3}
+        )
+        assert fits.status_code == 200, fits.text
+        docs = {"documents": [d.model_dump() for d in CORPUS[:2]]}
+        too_many = client.post("/v1/collections/own/documents", json=docs)
+        assert too_many.status_code == 413 and "(RETRIEVER_MAX_DOCUMENTS)" in too_many.json()["message"]
+    finally:
+        index.close()
 
 
 def test_routes_take_the_index_through_a_dependency(tmp_path: Path) -> None:
