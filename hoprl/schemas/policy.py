@@ -11,10 +11,12 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from hoprl.agent.trajectory import Episode, Outcome, Step, TokenTrajectory
-from hoprl.schemas import Paragraph, Question
+from hoprl.schemas import MAX_JSON_INT, Paragraph, Question
 from hoprl.schemas.retriever import SearchMode
 
-SEED = Field(None, ge=0, le=2**63 - 1, description="same seed, same request -> same output")
+SEED = Field(
+    None, ge=0, le=MAX_JSON_INT, description="same seed, same request -> same output; 0 to 2**53 - 1"
+)
 
 
 class AnswerRequest(BaseModel):

@@ -15,9 +15,17 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    StringConstraints,
+    field_validator,
+)
 
-from hoprl.schemas import Document, non_blank
+from hoprl.schemas import MAX_JSON_INT, Bool, Document, Int, json_number, non_blank
 
 #: the most queries in one search request (RETRIEVER_MAX_QUERIES may lower it)
 MAX_QUERIES = 256
@@ -37,15 +45,20 @@ SearchMode = Literal["dense", "sparse", "hybrid"]
 #: a metadata field name, or a dotted path into nested metadata (``"kind"``, ``"source.site"``):
 #: the keys Qdrant's JSON paths accept without quoting ("" or "a b" made it fail: invalid JSON path)
 FILTER_KEY = r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$"
-_INT64 = 2**63 - 1  # Qdrant keeps integers as int64
+_INT64 = MAX_JSON_INT  # Qdrant keeps int64; a request carries at most I-JSON's safe integers
 FilterKey = Annotated[str, StringConstraints(pattern=FILTER_KEY)]
-FilterInt = Annotated[StrictInt, Field(ge=-_INT64, le=_INT64)]
+FilterInt = Annotated[int, Field(ge=-_INT64, le=_INT64), BeforeValidator(json_number)]
 FilterValue = (
     StrictStr
     | FilterInt
     | Annotated[list[StrictStr], Field(min_length=1, max_length=256)]
     | Annotated[list[FilterInt], Field(min_length=1, max_length=256)]
 )
+
+#: no key but a FILTER_KEY one (``additionalProperties: false`` beside the key pattern)
+Filter = Annotated[
+    dict[FilterKey, FilterValue], Field(max_length=32, json_schema_extra={"additionalProperties": False})
+]
 
 
 class Hit(BaseModel):
@@ -58,7 +71,7 @@ class Hit(BaseModel):
 
 
 class IngestRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     documents: list[Document] = Field(
         min_length=1, max_length=MAX_DOCUMENTS, description="at most RETRIEVER_MAX_DOCUMENTS"
@@ -73,7 +86,7 @@ class IngestResponse(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     collection: str = Field(min_length=1, max_length=128)
     queries: list[Query] = Field(
@@ -82,17 +95,16 @@ class SearchRequest(BaseModel):
         description="1 to RETRIEVER_MAX_QUERIES queries, each 1 to RETRIEVER_MAX_QUERY_CHARS characters "
         "with at least one visible character",
     )
-    top_k: int = Field(default=5, ge=1, le=MAX_TOP_K, description="hits per query (<= RETRIEVER_MAX_TOP_K)")
+    top_k: Int = Field(default=5, ge=1, le=MAX_TOP_K, description="hits per query (<= RETRIEVER_MAX_TOP_K)")
     mode: SearchMode = "hybrid"
-    filter: dict[FilterKey, FilterValue] | None = Field(
+    filter: Filter | None = Field(
         default=None,
-        max_length=32,
         description="payload filter on document metadata, every condition must hold: {field: value} "
         "matches documents whose metadata field equals value, {field: [values]} any of the values. "
         "A field is a name of letters, digits, '_' and '-' (a dotted path reaches nested metadata); a "
         "value is a string or an integer, a list holds strings only or integers only",
     )
-    feedback: bool | None = Field(
+    feedback: Bool | None = Field(
         default=None,
         description="hybrid only: add the second (pseudo-relevance feedback) round; "
         "default: the service's RETRIEVER_FEEDBACK",
@@ -122,9 +134,11 @@ class SearchRequest(BaseModel):
 
 
 def _filter_kind(value: Any) -> str | None:
-    """'str' or 'int' for a value a filter can match exactly (int64), else None."""
+    """'str' or 'int' for a value a filter can match exactly (|value| <= 2**53 - 1), else None."""
     if isinstance(value, str):
         return "str"
+    if isinstance(value, float) and value.is_integer():  # 5.0 is an integer to JSON Schema
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _INT64:
         return "int"
     return None
@@ -142,16 +156,21 @@ class CollectionInfo(BaseModel):
     points: int
     embedder: str
     dim: int
+    leases: list[str] = Field(
+        default_factory=list,
+        description="who holds the collection in use (e.g. a trainer's job ids): it cannot be deleted "
+        "until each releases it (DELETE /v1/collections/{name}/leases/{holder})",
+    )
 
 
 class RetrieveRequest(BaseModel):
     """Search-R1's retrieval-server request shape."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     queries: list[Query] = Field(min_length=1, max_length=MAX_QUERIES, description="as SearchRequest.queries")
-    topk: int = Field(default=3, ge=1, le=MAX_TOP_K, description="hits per query (<= RETRIEVER_MAX_TOP_K)")
-    return_scores: bool = False
+    topk: Int = Field(default=3, ge=1, le=MAX_TOP_K, description="hits per query (<= RETRIEVER_MAX_TOP_K)")
+    return_scores: Bool = False
     collection: str | None = Field(
         default=None, min_length=1, max_length=128, description="default: RETRIEVER_DEFAULT_COLLECTION"
     )

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hoprl.schemas import json_typed
+
 Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 LrScheduler = Literal["linear", "constant", "cosine"]  # transformers' SchedulerType names
@@ -141,6 +143,12 @@ class Hyperparameters(BaseModel):
     the generic value (module docstring); the defaults named here are the generic ones."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        """true/false for a boolean knob, a JSON number for a number (not 0, "5" or true)."""
+        return json_typed(cls, data)
 
     preset: Preset = Field(
         "paper",
@@ -376,6 +384,12 @@ class JobRequest(BaseModel):
     """``POST /v1/jobs``: what to train, from where, on what, for how long."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        """A JSON number for steps and seed (not "5" or true)."""
+        return json_typed(cls, data)
 
     recipe: str = Field(description="a recipe name, e.g. when-to-search", json_schema_extra=_recipe_names)
     objective: Objective = Field(

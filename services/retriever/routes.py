@@ -17,7 +17,7 @@ from hoprl.schemas.retriever import (
     SearchResponse,
 )
 from services.errors import ERROR_RESPONSES, ApiError
-from services.retriever.index import CollectionNotFound, HybridIndex
+from services.retriever.index import CollectionInUse, CollectionNotFound, HybridIndex
 
 router = APIRouter(responses=ERROR_RESPONSES)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -106,13 +106,63 @@ def create_collection(name: CollectionName, index: IndexDep) -> CollectionInfo:
     return index.create(_valid_name(name))
 
 
-@router.delete("/v1/collections/{name}", operation_id="delete_collection")
+IN_USE: dict[int | str, dict[str, Any]] = {
+    409: {**ERROR_RESPONSES[404], "description": "leases hold the collection (e.g. a trainer's jobs)"}
+}
+LeaseHolder = Annotated[
+    str,
+    Path(
+        description="who holds the lease, e.g. a trainer job's id: letters, digits, '_', '-', '.'",
+        json_schema_extra={"pattern": NAME.pattern},
+    ),
+]
+
+
+@router.delete("/v1/collections/{name}", operation_id="delete_collection", responses=IN_USE)
 def delete_collection(name: CollectionName, index: IndexDep) -> dict[str, str]:
+    """Delete a collection; 409 naming the holders while leases hold it (a trainer's queued or
+    running jobs that train on it)."""
     try:
         index.delete(_valid_name(name))
     except CollectionNotFound:
         raise _not_found(name) from None
+    except CollectionInUse as exc:
+        raise ApiError(
+            409,
+            "collection_in_use",
+            f"collection {name!r} is in use by {', '.join(exc.holders)}; it can be deleted once they end "
+            f"(a trainer releases its jobs' leases itself; DELETE /v1/collections/{name}/leases/<holder> "
+            "releases a stale one)",
+            {"leases": exc.holders},
+        ) from None
     return {"deleted": name}
+
+
+def _lease(name: str, holder: str, index: HybridIndex, held: bool) -> CollectionInfo:
+    if not NAME.match(holder):
+        raise ApiError(
+            422, "invalid_lease_holder", f"lease holder {holder!r} is invalid: use 1-128 letters, digits, "
+            "'_', '-' or '.', starting with a letter or digit",
+        )  # fmt: skip
+    try:
+        index.lease(_valid_name(name), holder, held)
+        return index.info(name)
+    except CollectionNotFound:
+        raise _not_found(name) from None
+
+
+@router.put("/v1/collections/{name}/leases/{holder}", operation_id="lease_collection")
+def lease_collection(name: CollectionName, holder: LeaseHolder, index: IndexDep) -> CollectionInfo:
+    """Mark the collection in use by ``holder`` (idempotent): while any lease holds it, deleting it
+    is a 409. The trainer leases the collection of each job it queues and releases it when the job
+    ends; leases live in the collection's metadata, so a restart keeps them."""
+    return _lease(name, holder, index, held=True)
+
+
+@router.delete("/v1/collections/{name}/leases/{holder}", operation_id="release_collection")
+def release_collection(name: CollectionName, holder: LeaseHolder, index: IndexDep) -> CollectionInfo:
+    """Release ``holder``'s lease (idempotent: releasing one not held changes nothing)."""
+    return _lease(name, holder, index, held=False)
 
 
 @router.post("/v1/collections/{name}/documents", operation_id="ingest_documents", responses=INGESTED)

@@ -128,6 +128,7 @@ def test_filter_restricts_to_payload(service: str) -> None:
         ({"kind": ["company", 1]}, '"company", 1'),
         ({"kind": [None]}, "[null]"),
         ({"kind": 2**63}, str(2**63)),
+        ({"kind": 2**53}, str(2**53)),  # past I-JSON's safe integers (the schema's maximum)
         ({"": "company"}, "''"),
         ({"the kind": "company"}, "'the kind'"),
         ({"kind.": "company"}, "'kind.'"),
@@ -301,3 +302,25 @@ def test_routes_take_the_index_through_a_dependency(tmp_path: Path) -> None:
         assert client.get("/readyz").json()["collections"] == 1
     finally:
         index.close()
+
+
+def test_a_leased_collection_cannot_be_deleted(service: str) -> None:
+    """A lease (a trainer's queued or running job) holds the collection: DELETE is a 409 naming the
+    holders until each releases it; leasing and releasing are idempotent, a missing collection 404."""
+    with RetrieverClient(service) as client:
+        client.ingest("leased", CORPUS[:2])
+        assert client.lease("leased", "job-aaa").leases == ["job-aaa"]
+        assert client.lease("leased", "job-bbb").leases == client.lease("leased", "job-bbb").leases
+        refused = httpx.delete(f"{service}/v1/collections/leased")
+        assert (refused.status_code, refused.json()["error"]) == (409, "collection_in_use"), refused.text
+        assert "job-aaa, job-bbb" in refused.json()["message"]
+        assert refused.json()["detail"] == {"leases": ["job-aaa", "job-bbb"]}
+        assert client.info("leased").leases == ["job-aaa", "job-bbb"]
+        assert client.search("leased", ["Acme"], top_k=1)[0]  # a lease keeps the collection usable
+        client.lease("leased", "job-aaa", held=False)
+        assert client.lease("leased", "job-aaa", held=False).leases == ["job-bbb"]
+        assert httpx.delete(f"{service}/v1/collections/leased").status_code == 409
+        client.lease("leased", "job-bbb", held=False)
+        client.delete("leased")
+    missing = httpx.put(f"{service}/v1/collections/leased/leases/job-aaa")
+    assert (missing.status_code, missing.json()["error"]) == (404, "collection_not_found")
