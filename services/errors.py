@@ -37,9 +37,12 @@ log = logging.getLogger("hoprl.services")
 class ApiError(Exception):
     """Raise from a route to answer ``status`` with a JSON body naming the problem."""
 
-    def __init__(self, status: int, error: str, message: str, detail: Any = None) -> None:
+    def __init__(
+        self, status: int, error: str, message: str, detail: Any = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.error, self.message, self.detail = status, error, message, detail
+        self.headers = headers  # e.g. Retry-After on a 429
 
 
 class StartupError(Exception):
@@ -210,7 +213,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.error, exc.message, exc.detail)
+        return error_response(exc.status, exc.error, exc.message, exc.detail, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
