@@ -37,6 +37,9 @@ MAX_QUERY_CHARS = 8_192
 MAX_TOP_K = 100
 #: the most documents in one ingest request (RETRIEVER_MAX_DOCUMENTS may lower it)
 MAX_DOCUMENTS = 4_096
+#: a collection name: letters, digits, '_', '-', '.', starting with a letter or digit, at most 128
+COLLECTION_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+CollectionName = Annotated[str, StringConstraints(pattern=COLLECTION_NAME)]
 #: a search query: 1 to MAX_QUERY_CHARS characters, at least one of them visible
 Query = Annotated[str, non_blank(MAX_QUERY_CHARS)]
 
@@ -88,7 +91,7 @@ class IngestResponse(BaseModel):
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    collection: str = Field(min_length=1, max_length=128)
+    collection: CollectionName = Field(description="letters, digits, '_', '-', '.'; at most 128")
     queries: list[Query] = Field(
         min_length=1,
         max_length=MAX_QUERIES,
@@ -171,8 +174,8 @@ class RetrieveRequest(BaseModel):
     queries: list[Query] = Field(min_length=1, max_length=MAX_QUERIES, description="as SearchRequest.queries")
     topk: Int = Field(default=3, ge=1, le=MAX_TOP_K, description="hits per query (<= RETRIEVER_MAX_TOP_K)")
     return_scores: Bool = False
-    collection: str | None = Field(
-        default=None, min_length=1, max_length=128, description="default: RETRIEVER_DEFAULT_COLLECTION"
+    collection: CollectionName | None = Field(
+        default=None, description="default: RETRIEVER_DEFAULT_COLLECTION"
     )
 
 

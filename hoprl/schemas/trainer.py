@@ -21,11 +21,12 @@ with the run. ``docs/papers.md`` says where each paper value comes from;
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hoprl.schemas import json_typed
+from hoprl.schemas import json_typed, non_blank
+from hoprl.schemas.retriever import CollectionName
 
 Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -398,11 +399,13 @@ class JobRequest(BaseModel):
         "when-to-search, grpo for the others); an explicit objective wins",
         json_schema_extra=_nullable,
     )
-    model: str | None = Field(None, description="HF id or checkpoint folder; unset = the default model")
+    model: Annotated[str, non_blank(4096)] | None = Field(
+        None, description="HF id or checkpoint folder; unset = the default model"
+    )
     dataset: str = Field(
         "synthetic", description="a JSONL path, 'synthetic[:SEED[:MAX_HOPS]]', or a hub name"
     )
-    collection: str | None = Field(
+    collection: CollectionName | None = Field(
         None, description="retriever collection; unset = index the dataset's paragraphs"
     )
     steps: int = Field(10, ge=1, le=1_000_000, description="optimizer steps")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request
 
 from hoprl.schemas.retriever import (
+    COLLECTION_NAME,
     CollectionInfo,
     IngestRequest,
     IngestResponse,
@@ -20,7 +21,7 @@ from services.errors import ERROR_RESPONSES, ApiError
 from services.retriever.index import CollectionInUse, CollectionNotFound, HybridIndex
 
 router = APIRouter(responses=ERROR_RESPONSES)
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NAME = re.compile(COLLECTION_NAME)
 # The pattern is declared for clients (and the fuzzer); _valid_name checks it with a plainer message.
 CollectionName = Annotated[
     str,

@@ -162,7 +162,7 @@ def admit_collection(name: str, settings: TrainerSettings) -> None:
         raise ApiError(
             503, "retriever_unavailable", f"the retriever could not check the collection: {exc}"
         ) from None
-    except httpx.TransportError as exc:
+    except (httpx.TransportError, httpx.InvalidURL) as exc:
         raise ApiError(
             503, "retriever_unavailable",
             f"the retriever at {settings.retriever_url} (TRAINER_RETRIEVER_URL) did not answer: "
@@ -176,7 +176,7 @@ def hold_collection(name: str, run_id: str, settings: TrainerSettings) -> None:
     try:
         with RetrieverClient(settings.retriever_url, timeout=ADMISSION_TIMEOUT_S) as client:
             client.lease(name, run_id)
-    except (ServiceError, httpx.TransportError):
+    except (ServiceError, httpx.TransportError, httpx.InvalidURL):
         admit_collection(name, settings)  # says why, in the same words
         raise ApiError(503, "retriever_unavailable", f"the retriever did not lease {_shown(name)}") from None
 
