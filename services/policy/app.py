@@ -19,7 +19,7 @@ from hoprl.generation.model import resolve_model
 from hoprl.generation.openai_engine import OpenAIEngine
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.generation.vllm_engine import VllmEngine
-from services.app import create_service_app
+from services.app import Limits, create_service_app, publish_limits
 from services.errors import ApiError
 from services.policy.agent import Policy
 from services.policy.batch_routes import batch_router
@@ -84,7 +84,27 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
     token = settings.admin_token.get_secret_value() if settings.admin_token else None
     app = create_service_app("policy", description, lifespan, router, ready, token, "POLICY_ADMIN_TOKEN")
     app.include_router(batch_router)
+    publish_limits(app, live_limits(settings))
     return app
+
+
+def live_limits(s: PolicySettings) -> Limits:
+    """The POLICY_* limits as the OpenAPI document publishes them (services.app.publish_limits), so
+    a schema-valid request is one this service takes."""
+    steps, chars = {"maximum": s.max_steps}, {"maxLength": s.max_question_chars}
+    tokens, n = {"maximum": s.max_tokens}, {"maximum": s.max_n}
+    return {
+        "AnswerRequest.question": chars, "AnswerRequest.max_steps": steps,
+        "AnswerBatchRequest.questions": {"maxItems": s.max_rollouts}, "AnswerBatchRequest.questions[]": chars,
+        "AnswerBatchRequest.max_steps": steps,
+        "RolloutRequest.questions": {"maxItems": s.max_rollouts},
+        "RolloutRequest.n_samples": {"maximum": s.max_rollouts},
+        "RolloutSampling.max_tokens": {"maximum": s.max_tokens_per_step}, "RolloutSampling.max_steps": steps,
+        "RolloutSampling.token_budget": {"maximum": s.token_budget},
+        "ChatCompletionRequest.max_tokens": tokens, "ChatCompletionRequest.max_completion_tokens": tokens,
+        "ChatCompletionRequest.n": n, "CompletionRequest.max_tokens": tokens, "CompletionRequest.n": n,
+        "CompletionRequest.prompt": {"maxItems": s.max_n},
+    }  # fmt: skip
 
 
 app = create_app()

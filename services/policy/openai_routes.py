@@ -53,7 +53,7 @@ from services.policy.streaming import Chunks, LiveStream, replay
 
 SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {}}}}
 # /v1/models can only fail as any route can; the generation routes add their own errors.
-openai_router = APIRouter(route_class=OpenAIRoute, responses={k: OPENAI_ERRORS[k] for k in ("4XX", 500)})
+openai_router = APIRouter(route_class=OpenAIRoute, responses={"4XX": OPENAI_ERRORS["4XX"]})
 GENERATION_RESPONSES = SSE_RESPONSE | OPENAI_ERRORS
 
 
