@@ -8,6 +8,9 @@ cancel it; create a collection, ingest, search, delete it). Every response is ch
 - no 5xx (schemathesis' ``not_a_server_error``);
 - the status code, content type and body are the ones the operation declares in its OpenAPI
   (``status_code_conformance``, ``content_type_conformance``, ``response_schema_conformance``);
+- the published schema is the enforced one: a schema-valid request is never refused as invalid
+  (``positive_data_acceptance``: 2xx, or 401/403/404/409/429), a schema-breaking one never
+  accepted (``negative_data_rejection``: a 4xx);
 - every 4xx carries a JSON error body: ``{"error", "message"}``, or OpenAI's
   ``{"error": {"message", ...}}`` on the OpenAI-compatible routes.
 
@@ -37,6 +40,8 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -49,6 +54,8 @@ CHECKS = [
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
+    positive_data_acceptance,
+    negative_data_rejection,
 ]
 #: cases per operation and mode in the default test run; ``make fuzz`` raises it
 QUICK_EXAMPLES = 25

@@ -104,7 +104,7 @@ def json_typed(model: type[BaseModel], data: Any) -> Any:
 class Paragraph(BaseModel):
     title: str
     text: str
-    is_gold: bool = False
+    is_gold: StrictBool = False
 
 
 class Question(BaseModel):

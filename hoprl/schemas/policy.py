@@ -164,8 +164,10 @@ class RolloutSampling(BaseModel):
 
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(128, ge=1, description="new tokens per step (<= POLICY_MAX_TOKENS_PER_STEP)")
-    max_steps: int = Field(4, ge=1, description="<= POLICY_MAX_STEPS")
+    max_tokens: int = Field(
+        128, ge=1, description="new tokens per step (<= POLICY_MAX_TOKENS_PER_STEP; unset: 128 or that limit)"
+    )
+    max_steps: int = Field(4, ge=1, description="<= POLICY_MAX_STEPS; unset: 4 or that limit")
     token_budget: int | None = Field(None, ge=1, description="default and cap POLICY_TOKEN_BUDGET")
     seed: int | None = SEED
     search_mode: SearchMode = "hybrid"

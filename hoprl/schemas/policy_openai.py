@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hoprl.schemas import json_typed, non_blank
+from hoprl.schemas import Bool, json_typed, non_blank
 from hoprl.schemas.policy import SEED
 
 Problem = tuple[str, str, str]
@@ -44,6 +44,11 @@ HINTS = frozenset(
 )  # fmt: skip
 
 
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values: false is not 0 (Python's ``False == 0``), 0 and 0.0 are one number."""
+    return isinstance(a, bool) == isinstance(b, bool) and type(a) in (type(b), int, float) and a == b
+
+
 def extra_problem(
     extra: dict[str, Any] | None, no_op: dict[str, tuple[Any, ...]], hints: frozenset[str], at: str = ""
 ) -> Problem | None:
@@ -51,7 +56,7 @@ def extra_problem(
     for name, value in (extra or {}).items():
         param = f"{at}{name}"
         if name in no_op:
-            if value is not None and value not in no_op[name]:
+            if value is not None and not any(_json_equal(value, v) for v in no_op[name]):
                 allowed = ", ".join(["null", *(json.dumps(v) for v in no_op[name])])
                 return (
                     "unsupported_parameter", param,
@@ -67,7 +72,7 @@ PromptText = Annotated[str, non_blank(10**7)]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 def _no_ops(no_op: dict[str, tuple[Any, ...]], hints: frozenset[str]) -> Any:
@@ -181,7 +186,7 @@ def _turns_by_role(schema: dict[str, Any]) -> None:
     }
     said = {"role": {"const": "assistant"}, "content": content}
     calling = {"role": {"const": "assistant"}, "content": {"type": "null"}, "tool_calls": calls}
-    schema["oneOf"] = [
+    schema["oneOf"] = [  # services.policy.app drops the tool turns a model's template cannot render
         {"properties": user, "required": ["role", "content"]},
         {"properties": tool, "required": ["role", "content", "tool_call_id"]},
         {"properties": said, "required": ["role", "content"]},
@@ -244,11 +249,19 @@ class JsonSchema(BaseModel):
     name: str
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="JSON Schema; None = any JSON")
-    strict: bool | None = Field(None, description="ignored: the schema is always enforced")
+    strict: Bool | None = Field(None, description="ignored: the schema is always enforced")
+
+
+def _schema_with_json_schema(schema: dict[str, Any]) -> None:
+    """type json_schema needs its json_schema (JSON Schema if/then, as :meth:`_schema_given`)."""
+    schema["if"] = {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]}
+    schema["then"] = {"properties": {"json_schema": {"type": "object"}}, "required": ["json_schema"]}
 
 
 class ResponseFormat(BaseModel):
     """``text``, or JSON (any object, or one that follows ``json_schema``) enforced while decoding."""
+
+    model_config = ConfigDict(json_schema_extra=_schema_with_json_schema)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None

@@ -189,12 +189,19 @@ class Policy:
             raise ApiError(422, "no_tokenizer", "rollouts need a tokenizer: set POLICY_TOKENIZER")
         recipe = self.recipe(body.recipe)
         total = len(body.questions) * body.n_samples
-        if total > s.max_rollouts:
+        if total > s.max_rollouts:  # 422 when one factor breaks the published schema, else 409
+            over = max(len(body.questions), body.n_samples) > s.max_rollouts
             raise ApiError(
-                413, "batch_too_large",
+                422 if over else 409, "batch_too_large",
                 f"{total} episodes (questions x n_samples) in one request; the limit is {s.max_rollouts} "
                 "(POLICY_MAX_ROLLOUTS)",
             )  # fmt: skip
+        # a sampling size left unset is its default within this service's limit
+        given = sp.model_fields_set
+        if "max_tokens" not in given:
+            sp = sp.model_copy(update={"max_tokens": min(sp.max_tokens, s.max_tokens_per_step)})
+        if "max_steps" not in given:
+            sp = sp.model_copy(update={"max_steps": min(sp.max_steps, s.max_steps)})
         for q in body.questions:  # a question's own paragraphs enter its prompt (ARENA's references)
             self.bounded("question_chars", len(q.question), s.max_question_chars, "POLICY_MAX_QUESTION_CHARS")
             chars = len(q.question) + sum(len(p.title) + len(p.text) for p in q.paragraphs)

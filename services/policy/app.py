@@ -23,7 +23,7 @@ from services.app import Limits, create_service_app, publish_limits
 from services.errors import ApiError
 from services.policy.agent import Policy
 from services.policy.batch_routes import batch_router
-from services.policy.openai_routes import PolicyDep
+from services.policy.openai_routes import PolicyDep, check_tools_render
 from services.policy.routes import router
 from services.policy.settings import PolicySettings
 
@@ -85,21 +85,68 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
     app = create_service_app("policy", description, lifespan, router, ready, token, "POLICY_ADMIN_TOKEN")
     app.include_router(batch_router)
     publish_limits(app, live_limits(settings))
+    publish_chat_turns(app)
     return app
+
+
+def publish_chat_turns(app: FastAPI) -> None:
+    """Once the model is loaded, a chat template that cannot render tool turns (the default model's)
+    leaves them out of the published ChatMessage schema: such a turn is a 400 here, so a client or
+    fuzzer reading the document must not take it for a valid request."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        policy = getattr(app.state, "policy", None)
+        if policy is not None and not renders_tool_turns(policy):
+            turns = schema["components"]["schemas"]["ChatMessage"]["oneOf"]
+            no_calls = turns[0]["properties"]["tool_calls"]
+            turns[:] = [
+                t
+                for t in turns
+                if t["properties"]["role"].get("const") != "tool"
+                and "tool_calls" not in t.get("required", [])
+            ]
+            for turn in turns:
+                turn["properties"]["tool_calls"] = no_calls
+            schema["components"]["schemas"]["ChatMessage"]["description"] += (
+                " The served model's chat template cannot render tool turns: no tool_calls, no tool role."
+            )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def renders_tool_turns(policy: Policy) -> bool:
+    """Whether the served chat template renders an assistant tool call and a tool result."""
+    call = {"id": "call-0", "type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call-0", "content": "result-0"},
+    ]  # fmt: skip
+    try:
+        check_tools_render(policy, messages)
+    except ApiError:
+        return False
+    return True
 
 
 def live_limits(s: PolicySettings) -> Limits:
     """The POLICY_* limits as the OpenAPI document publishes them (services.app.publish_limits), so
     a schema-valid request is one this service takes."""
     steps, chars = {"maximum": s.max_steps}, {"maxLength": s.max_question_chars}
-    tokens, n = {"maximum": s.max_tokens}, {"maximum": s.max_n}
+    tokens, n, per_step = {"maximum": s.max_tokens}, {"maximum": s.max_n}, s.max_tokens_per_step
     return {
         "AnswerRequest.question": chars, "AnswerRequest.max_steps": steps,
         "AnswerBatchRequest.questions": {"maxItems": s.max_rollouts}, "AnswerBatchRequest.questions[]": chars,
         "AnswerBatchRequest.max_steps": steps,
         "RolloutRequest.questions": {"maxItems": s.max_rollouts},
         "RolloutRequest.n_samples": {"maximum": s.max_rollouts},
-        "RolloutSampling.max_tokens": {"maximum": s.max_tokens_per_step}, "RolloutSampling.max_steps": steps,
+        "RolloutSampling.max_tokens": {"maximum": per_step, "default": min(128, per_step)},
+        "RolloutSampling.max_steps": steps | {"default": min(4, s.max_steps)},
         "RolloutSampling.token_budget": {"maximum": s.token_budget},
         "ChatCompletionRequest.max_tokens": tokens, "ChatCompletionRequest.max_completion_tokens": tokens,
         "ChatCompletionRequest.n": n, "CompletionRequest.max_tokens": tokens, "CompletionRequest.n": n,

@@ -118,7 +118,7 @@ def _chars(prompt: Prompt) -> int:
     return sum(len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or "")) for m in prompt)
 
 
-def _check_tools_render(policy: Policy, messages: list[dict[str, Any]]) -> None:
+def check_tools_render(policy: Policy, messages: list[dict[str, Any]]) -> None:
     """A template that cannot render tool turns, or drops them silently, is a 400 naming the model."""
     tokenizer = policy.engine.tokenizer
     calls = [c["function"]["name"] for m in messages for c in m.get("tool_calls", ())]
@@ -209,7 +209,7 @@ async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> An
         raise _bad("unsupported_parameter", message, "response_format")
     params = replace(params, logprobs=body.logprobs, top_logprobs=top, grammar=grammar)
     messages = [m.template(parse_arguments=policy.settings.engine == "transformers") for m in body.messages]
-    _check_tools_render(policy, messages)
+    check_tools_render(policy, messages)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
