@@ -116,6 +116,8 @@ class FuzzReport:
     per_operation: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
     transitions: Counter[str] = field(default_factory=Counter)
+    #: statuses of the schema-valid (positive) cases, per operation: (label, status) -> count
+    positive: Counter[tuple[str, int]] = field(default_factory=Counter)
     #: a digest of every generated request (stateful ones aside: they carry ids the service made up);
     #: two runs of the same code print the same one
     requests: Any = field(default_factory=hashlib.sha256)
@@ -138,10 +140,18 @@ class FuzzReport:
             f"requests {self.requests.hexdigest()[:12]}"
         )
 
+    def reached(self, label: str, status: int = 200) -> float:
+        """The share of ``label``'s schema-valid cases answered ``status`` (0.0 without any)."""
+        total = sum(n for (op, _), n in self.positive.items() if op == label)
+        return self.positive[(label, status)] / total if total else 0.0
+
     def record(
         self, case: schemathesis.Case, response: Any, headers: dict[str, str], generated: bool = True
     ) -> None:
         """Count the response and run every check on it; a failure is kept, not raised."""
+        meta = case.meta
+        if meta is not None and meta.generation.mode == GenerationMode.POSITIVE:
+            self.positive[(case.operation.label, response.status_code)] += 1
         if generated:
             body = None if isinstance(case.body, NotSet) else case.body
             sent = (case.method, case.path, case.path_parameters, case.query, case.headers, body)

@@ -82,6 +82,11 @@ def _no_ops(no_op: dict[str, tuple[Any, ...]], hints: frozenset[str]) -> Any:
 
     def extra(schema: dict[str, Any]) -> None:
         properties = schema.setdefault("properties", {})
+        for name, prop in properties.items():  # null is any optional parameter's default
+            branches = prop.get("anyOf", [prop])
+            if name not in schema.get("required", []) and not any(b.get("type") == "null" for b in branches):
+                keep = {k: prop.pop(k) for k in ("title", "description", "default") if k in prop}
+                properties[name] = {"anyOf": [prop, {"type": "null"}], **keep}
         for name, values in no_op.items():
             properties.setdefault(name, {"enum": [None, *values], "description": "not implemented: null or "
                                          "a value that asks for nothing"})  # fmt: skip
@@ -166,16 +171,12 @@ def _turns_by_role(schema: dict[str, Any]) -> None:
     turn with tool_calls, only assistant turns carry tool_calls, a tool turn names its
     tool_call_id, and the only undeclared fields are OpenAI's no-op ones (null)."""
     properties = schema["properties"]
-    content = {
-        "anyOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"$ref": "#/components/schemas/ContentPart"}},
-        ]
-    }
+    # the declared fields' own branches (their $refs follow whichever template the caller uses)
+    content = {"anyOf": [b for b in properties["content"]["anyOf"] if b.get("type") != "null"]}
+    array = next(b for b in properties["tool_calls"]["anyOf"] if b.get("type") == "array")
+    calls = {**array, "minItems": 1}
     properties.update({name: {"type": "null"} for name in MESSAGE_NO_OP})
-    properties["content"] = {"anyOf": [content, {"type": "null"}]}
     schema["additionalProperties"] = False
-    calls = {"type": "array", "items": {"$ref": "#/components/schemas/ToolCall"}, "minItems": 1}
     no_calls = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
     user = {"role": {"enum": ["system", "developer", "user"]}, "content": content, "tool_calls": no_calls}
     tool = {

@@ -31,6 +31,7 @@ POLICY_ERRORS: dict[int | str, dict[str, Any]] = {
     **{
         code: {**ERROR_RESPONSES[422], "description": text}
         for code, text in {
+            409: "within the schema, but over a limit of this service (questions x n_samples)",
             429: "too many generation requests in flight",
             502: "the retriever answered with an error",
             504: "the request ran past POLICY_REQUEST_TIMEOUT_S",
