@@ -201,6 +201,8 @@ def list_models(policy: PolicyDep) -> ModelList:
 async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI chat completions: the model's chat template, then sampling (``stream`` for SSE)."""
     model = _check(policy, body)
+    if body.max_completion_tokens and body.max_tokens:  # both given: each within the limit, the newer wins
+        _sampling(policy.settings, body, body.max_tokens, 256)
     params = _sampling(policy.settings, body, body.max_completion_tokens or body.max_tokens, 256)
     top = body.top_logprobs or 0
     grammar = body.response_format.grammar() if body.response_format else None
