@@ -6,6 +6,7 @@ starts load the cached dense copy in under a second).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,6 +15,8 @@ import httpx
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from hoprl.clients.http import ServiceError
+from hoprl.clients.retriever import RetrieverClient
 from hoprl.generation.engines import Engine
 from hoprl.generation.model import resolve_model
 from hoprl.generation.openai_engine import OpenAIEngine
@@ -86,7 +89,40 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
     app.include_router(batch_router)
     publish_limits(app, live_limits(settings))
     publish_chat_turns(app)
+    publish_collections(app, settings)
     return app
+
+
+COLLECTION_FIELDS = ("AnswerRequest", "AnswerBatchRequest", "RolloutRequest")
+
+
+def publish_collections(app: FastAPI, settings: PolicySettings) -> None:
+    """Each ``/openapi.json`` lists the collections the retriever holds as the ``collection`` field's
+    values: a request naming another is a 404, so a client or fuzzer reading the document learns
+    which names serve. Built per request (collections come and go); without an answer from the
+    retriever the field keeps its bare name pattern."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = build()
+        try:
+            with RetrieverClient(settings.retriever_url, timeout=2.0) as client:
+                names = sorted(info.name for info in client.collections())
+        except (httpx.HTTPError, ServiceError):
+            return schema
+        if not names:
+            return schema
+        schema = copy.deepcopy(schema)
+        models = schema["components"]["schemas"]
+        for model in COLLECTION_FIELDS:
+            field = models[model]["properties"]["collection"]
+            for branch in field.get("anyOf", [field]):
+                if branch.get("type") == "string":
+                    branch["enum"] = names
+            field["description"] = f"{field.get('description', '')}; one of the retriever's collections"
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def publish_chat_turns(app: FastAPI) -> None:
