@@ -58,7 +58,7 @@ def test_seeded_rollouts_repeat(policy_url: str) -> None:
 def test_rollouts_reject_too_many_and_bad_limits(policy_url: str) -> None:
     body = {"questions": [q.model_dump() for q in QUESTIONS], "recipe": "search-r1", "collection": COLLECTION}
     too_many = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "n_samples": 5})
-    assert too_many.status_code == 413 and too_many.json()["error"] == "batch_too_large"
+    assert too_many.status_code == 409 and too_many.json()["error"] == "batch_too_large"  # 2 x 5 > 8
     long_steps = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "sampling": {"max_tokens": 999}})
     assert long_steps.status_code == 422 and "POLICY_MAX_TOKENS_PER_STEP" in long_steps.json()["message"]
     unknown = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "recipe": "nope"})
