@@ -60,6 +60,18 @@ def error_response(
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
 
 
+def _deepest_first(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The errors with the most specific one of the first field first: a union field (``stop``: a
+    string or a list of strings) fails once per branch, and the branch the value took (the list,
+    with its bad item) says more than "Input should be a valid string"."""
+    if len(errors) < 2:
+        return errors
+    field = tuple(errors[0].get("loc", ()))[:2]
+    same = [e for e in errors if tuple(e.get("loc", ()))[:2] == field]
+    chosen = max(same, key=lambda e: len(e.get("loc", ())))
+    return [chosen, *(e for e in errors if e is not chosen)]
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     if any(e.get("type") == "json_invalid" for e in errors):
         return "malformed_json", "the request body is not valid JSON"
@@ -217,7 +229,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
+        errors = _deepest_first(
+            [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
+        )
         code, message = _validation_message(errors)
         return error_response(400 if code == "malformed_json" else 422, code, message, errors)
 

@@ -83,7 +83,9 @@ def _param(detail: Any) -> str | None:
         return None
     # Drop "body" and the union branch pydantic names in the location ("str", "list[ContentPart]").
     loc = [
-        p for p in detail[0].get("loc", ()) if p != "body" and not re.fullmatch(r"str|int|\w+\[.*\]", str(p))
+        p
+        for p in detail[0].get("loc", ())
+        if p != "body" and not re.fullmatch(r"(constrained-)?(str|int)|\w+\[.*\]", str(p))
     ]
     path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     return path or None

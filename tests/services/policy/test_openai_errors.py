@@ -74,7 +74,7 @@ def raised(call: Any, **kwargs: Any) -> openai.APIStatusError:
         ({"messages": []}, 400, "invalid_request", "messages", "at least 1 item"),
         ({"messages": [{"role": "bot", "content": "x"}]}, 400, "invalid_request", "messages[0].role", "role"),
         ({"temperature": 3}, 400, "invalid_request", "temperature", "less than or equal to 2"),
-        ({"stop": [""]}, 400, "invalid_stop", "stop", "non-empty"),
+        ({"stop": [""]}, 400, "invalid_request", "stop[0]", "at least 1 character"),  # the schema says so
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "prompt_too_long", "messages", "4000"),
     ],
 )

@@ -235,7 +235,7 @@ def test_search_r1_retrieve_route(service: str) -> None:
     [
         ({"queries": [""]}, "queries.0: String should have at least 1 character"),
         ({"queries": ["ok", " \x00 "]}, "queries.1: must hold at least one visible character"),
-        ({"queries": ["x"], "topk": "3"}, "topk: Input should be a valid integer"),
+        ({"queries": ["x"], "topk": "3"}, "topk: Input should be a JSON number, not str"),
     ],
 )
 def test_search_r1_route_names_what_is_wrong(service: str, body: dict, where: str) -> None:
