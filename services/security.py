@@ -159,11 +159,16 @@ def install_api_key(
     app.add_middleware(
         ApiKeyMiddleware, key=key, service=app.title, admin_token=admin_token, admin_setting=admin_setting
     )
-    app.openapi = _openapi_with_security(app, app.openapi)  # type: ignore[method-assign]
+    app.openapi = _openapi_with_security(app, app.openapi, key is not None)  # type: ignore[method-assign]
 
 
-def _openapi_with_security(app: FastAPI, build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-    """``app.openapi`` plus the bearer schemes, each protected operation's lock and its 401 / 403."""
+def _openapi_with_security(
+    app: FastAPI, build: Callable[[], dict[str, Any]], keyed: bool
+) -> Callable[[], dict[str, Any]]:
+    """``app.openapi`` plus the bearer schemes, each protected operation's lock and its 401 / 403.
+
+    Only what is enforced is published: without an API key (``keyed`` false) the operations carry no
+    lock, as they take requests without one; the admin routes always need their token."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -173,13 +178,12 @@ def _openapi_with_security(app: FastAPI, build: Callable[[], dict[str, Any]]) ->
         components.setdefault("schemas", {}).setdefault(
             "ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
         )
-        components.setdefault("securitySchemes", {})[API_KEY_SCHEME] = {
-            "type": "http",
-            "scheme": "bearer",
-            "description": f"the service's {API_KEY_ENV}; required when the service runs with it set",
-        }
+        if keyed:
+            components.setdefault("securitySchemes", {})[API_KEY_SCHEME] = {
+                "type": "http", "scheme": "bearer", "description": f"the service's {API_KEY_ENV}",
+            }  # fmt: skip
         for path, operations in schema.get("paths", {}).items():
-            if path in OPEN_PATHS:
+            if path in OPEN_PATHS or not (keyed or path.startswith(ADMIN_PREFIX)):
                 continue
             model = "ErrorBody"
             if path in OPENAI_PATHS and "OpenAIErrorResponse" in components["schemas"]:
