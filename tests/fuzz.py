@@ -34,6 +34,7 @@ from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.core import NotSet
 from schemathesis.core.failures import FailureGroup
@@ -272,7 +273,11 @@ def _fuzz(
                 response = case.call(headers=headers, timeout=timeout)
                 report.record(case, response, headers)
 
-            run()
+            try:
+                run()
+            except Unsatisfiable:  # e.g. a path's free-form string: nothing breaks its schema
+                if mode != GenerationMode.NEGATIVE:
+                    raise
     if stateful_scenarios:
         stateful(schema, report, stateful_scenarios, headers, timeout, reset)
     return report
