@@ -191,7 +191,7 @@ def _openapi_with_security(
             error = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}}}
             admin = path.startswith(ADMIN_PREFIX)
             if admin:
-                components["securitySchemes"][ADMIN_SCHEME] = {
+                components.setdefault("securitySchemes", {})[ADMIN_SCHEME] = {
                     "type": "http", "scheme": "bearer", "description": "the service's admin token",
                 }  # fmt: skip
             for operation in operations.values():
