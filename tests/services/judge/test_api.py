@@ -26,7 +26,11 @@ ANSWER_TABLE = [
     ("Paris", ["City of Light", "Paris"], True, 1.0, "normalised exact match"),  # an alias
     ("Jane Marie Roe", ["Jane Roe"], True, 0.8, "token F1 0.80 >= 0.8"),
     ("Lyon", ["Paris"], False, 0.0, "token F1 0.00 < 0.8"),
-    ("", ["Paris"], False, 0.0, "token F1 0.00 < 0.8"),  # an empty prediction is allowed, and wrong
+    ("", ["Paris"], False, 0.0, "the prediction is empty"),  # an empty prediction is allowed, and wrong
+    # nothing never matches nothing over HTTP either (these were "normalised exact match", verdict true)
+    ("the", ["a"], False, 0.0, "the prediction is empty after normalisation"),
+    ("!!!", ["???"], False, 0.0, "the prediction is empty after normalisation"),
+    ("\x00", ["\x00"], False, 0.0, "the prediction is empty after normalisation"),
     ("Pedro Rodriguez", ["Pedro Rodríguez"], True, 1.0, "normalised exact match"),  # accents folded
     ("not Paris", ["Paris"], False, 2 / 3, "a reference occurs only after a negation"),  # P 1/2, R 1
 ]
