@@ -172,7 +172,7 @@ def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> Ingest
     limit = index.settings.max_documents
     if len(body.documents) > limit:
         raise ApiError(
-            413,
+            422,
             "batch_too_large",
             f"documents: {len(body.documents)} in one request; the limit is {limit} "
             "(RETRIEVER_MAX_DOCUMENTS)",
@@ -181,11 +181,11 @@ def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> Ingest
 
 
 def check_limits(queries: list[str], top_k: int, index: HybridIndex, top_k_field: str) -> None:
-    """413 / 422 naming the first request size over its ``RETRIEVER_MAX_*`` setting."""
+    """422 naming the first request size over its ``RETRIEVER_MAX_*`` setting (published as set)."""
     s = index.settings
     if len(queries) > s.max_queries:
         raise ApiError(
-            413,
+            422,
             "batch_too_large",
             f"queries: {len(queries)} in one request; the limit is {s.max_queries} (RETRIEVER_MAX_QUERIES)",
         )

@@ -140,11 +140,14 @@ def test_bad_input_is_a_4xx_json_body_naming_the_problem(
     assert response.json()["error"] == error and names in response.json()["message"]
 
 
-def test_oversized_batch_is_413() -> None:
+def test_oversized_batch_is_422_and_the_limit_is_published() -> None:
+    """JUDGE_MAX_BATCH as set is the document's maxItems, so a batch over it breaks the schema: 422."""
     with judge_service(max_batch=2) as url:
+        spec = httpx.get(f"{url}/openapi.json").json()
+        assert spec["components"]["schemas"]["AnswerRequest"]["properties"]["items"]["maxItems"] == 2
         items = [{"prediction": "x", "references": ["x"]}] * 3
         response = httpx.post(f"{url}/v1/judge/answer", json={"items": items})
-        assert response.status_code == 413
+        assert response.status_code == 422
         assert (
             response.json()["error"] == "batch_too_large" and "JUDGE_MAX_BATCH" in response.json()["message"]
         )

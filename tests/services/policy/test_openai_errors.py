@@ -89,7 +89,10 @@ def test_chat_errors_reach_the_client(
 
 def test_completion_errors_reach_the_client(client: openai.OpenAI) -> None:
     empty = raised(client.completions.create, model=MODEL, prompt="  ")
-    assert (empty.status_code, empty.code) == (400, "invalid_request") and "visible character" in empty.message
+    assert (empty.status_code, empty.code) == (
+        400,
+        "invalid_request",
+    ) and "visible character" in empty.message
     assert (empty.param or "").startswith("prompt"), empty.param
     stream = raised(client.completions.create, model="gpt-4", prompt="Hi", stream=True)
     assert (stream.status_code, stream.code, stream.param) == (404, "model_not_found", "model")

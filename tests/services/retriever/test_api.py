@@ -248,16 +248,17 @@ def test_search_r1_route_names_what_is_wrong(service: str, body: dict, where: st
 
 def test_lowered_size_limits_name_their_settings(tmp_path: Path) -> None:
     """Each RETRIEVER_MAX_* setting lowers its limit below the schema's ceiling, on /v1/search and
-    on /retrieve alike, and the 4xx names the field, the limit and the setting."""
-    app = create_app(RetrieverSettings(storage_path=tmp_path / "unused"))
-    client = TestClient(app)
+    on /retrieve alike; the document publishes it, and the 422 names the field, the limit and the
+    setting."""
     limits = {"max_queries": 2, "max_query_chars": 10, "max_top_k": 3, "max_documents": 1}
+    app = create_app(RetrieverSettings(storage_path=tmp_path / "unused", **limits))
+    client = TestClient(app)
     index = HybridIndex(RetrieverSettings(storage_path=tmp_path / "own", **limits))
     try:
         index.ingest("own", CORPUS[:2])
         app.dependency_overrides[index_of] = lambda: index
         cases = [
-            ("/v1/search", {"queries": ["a", "b", "c"]}, 413,
+            ("/v1/search", {"queries": ["a", "b", "c"]}, 422,
              "queries: 3 in one request; the limit is 2 (RETRIEVER_MAX_QUERIES)"),
             ("/v1/search", {"queries": ["a", "x" * 11]}, 422,
              "queries[1]: 11 characters; the limit is 10 (RETRIEVER_MAX_QUERY_CHARS)"),
@@ -276,7 +277,11 @@ def test_lowered_size_limits_name_their_settings(tmp_path: Path) -> None:
         assert fits.status_code == 200, fits.text
         docs = {"documents": [d.model_dump() for d in CORPUS[:2]]}
         too_many = client.post("/v1/collections/own/documents", json=docs)
-        assert too_many.status_code == 413 and "(RETRIEVER_MAX_DOCUMENTS)" in too_many.json()["message"]
+        assert too_many.status_code == 422 and "(RETRIEVER_MAX_DOCUMENTS)" in too_many.json()["message"]
+        spec = client.get("/openapi.json").json()["components"]["schemas"]  # the settings, as set
+        assert spec["SearchRequest"]["properties"]["queries"]["maxItems"] == 2
+        assert spec["SearchRequest"]["properties"]["queries"]["items"]["maxLength"] == 10
+        assert spec["RetrieveRequest"]["properties"]["topk"]["maximum"] == 3
     finally:
         index.close()
 
