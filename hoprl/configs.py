@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,24 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-6`` is a number, not the string "1e-6"
+    (YAML 1.1 needs a dot, ``1.0e-6``). Job requests take JSON's types only, so a learning rate
+    written the usual way must arrive as a number."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     """The file's mapping as written (``small:`` section included); :class:`ConfigError` otherwise."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_Loader)
     except OSError as exc:
         raise ConfigError(f"config {path}: cannot read it ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:

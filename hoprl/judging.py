@@ -17,10 +17,14 @@ True
 **Where the judge differs from the official metrics.** EM, F1 and containment in
 :mod:`hoprl.metrics.answer` stay the official SQuAD/HotpotQA definitions (no accent folding), so
 reported EM/F1 compare with published numbers. The judge decides *equivalence*, so its rules
-(``rules@2``) add two things on top: accents are folded on both sides (:func:`fold`: "Pedro
-Rodríguez" is "Pedro Rodriguez"), and a reference that occurs in the prediction only under a
+(``rules@3``) add three things on top: accents are folded on both sides (:func:`fold`: "Pedro
+Rodríguez" is "Pedro Rodriguez"); a reference that occurs in the prediction only under a
 negation ("not Paris", "it was never Paris", "neither Paris nor Lyon") does not count
-(:func:`contains_unnegated`), while "Paris, France" and "Lyon? No, Paris" still do.
+(:func:`contains_unnegated`), while "Paris, France" and "Lyon? No, Paris" still do; and a
+prediction that normalises to nothing ("the", "!!!", a NUL) never matches, not even a reference
+that normalises to nothing too. The official EM compares the normalised strings, so it scores
+``exact_match("the", ["a"])`` 1.0; the judge decides whether an answer was *given*, and an empty
+one was not (a reward built on the judge cannot be earned by saying nothing).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from hoprl.metrics.answer import containment, exact_match, f1, normalize_answer
 
-RULES_VERSION = "rules@2"
+RULES_VERSION = "rules@3"
 
 # Words that carry no content in a question: interrogatives, auxiliaries, prepositions and the
 # like. Overlap on them would make any English evidence look relevant.
@@ -67,15 +71,16 @@ _CLAUSE_BREAK = re.compile(r"[,;:.!?)\]}\u2013\u2014]+(?=\s|$)|(?:^|(?<=\s))[(\[
 
 
 def fold(text: str) -> str:
-    """Accent-folded, case-folded ``text``: NFKD, combining marks dropped, then casefold.
+    """Accent-folded, case-folded ``text``: NFKD, combining marks dropped, then casefold; control
+    and format characters (NUL, zero-width space, ...: Unicode category C) become spaces, so a
+    string of them folds to blanks and normalises to nothing.
 
-    >>> fold("Pedro Rodríguez"), fold("Søren Kierkegaard"), fold("Straße")
-    ('pedro rodriguez', 'soren kierkegaard', 'strasse')
+    >>> fold("Pedro Rodríguez"), fold("Søren Kierkegaard"), fold("Straße"), fold("a\\x00b")
+    ('pedro rodriguez', 'soren kierkegaard', 'strasse', 'a b')
     """
     decomposed = unicodedata.normalize("NFKD", text)
-    return (
-        "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold().translate(_UNDECOMPOSED)
-    )
+    kept = (" " if unicodedata.category(ch)[0] == "C" else ch for ch in decomposed)
+    return "".join(ch for ch in kept if not unicodedata.combining(ch)).casefold().translate(_UNDECOMPOSED)
 
 
 def _clause_tokens(text: str) -> list[tuple[str, int]]:
@@ -160,7 +165,7 @@ def content_words(text: str) -> list[str]:
 
 
 class RulesJudge:
-    """Rule-based judge: exact match, containment and token F1 on folded text (``rules@2``).
+    """Rule-based judge: exact match, containment and token F1 on folded text (``rules@3``).
 
     Every rule sees both sides through :func:`fold` (accents and case folded) and then the
     official normalisation; see the module docstring for how that differs from EM/F1.
@@ -204,6 +209,11 @@ class RulesJudge:
         if not references:
             return self._verdict(False, 0.0, "no reference answer: the question is unanswerable")
         pred, refs = fold(prediction), [fold(r) for r in references]
+        if not normalize_answer(pred):
+            return self._verdict(False, 0.0, "the prediction is empty after normalisation: no answer")
+        refs = [r for r in refs if normalize_answer(r)]
+        if not refs:
+            return self._verdict(False, 0.0, "every reference is empty after normalisation: nothing to match")
         if exact_match(pred, refs):
             return self._verdict(True, 1.0, "normalised exact match with a reference")
         score = f1(pred, refs)

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hoprl.schemas import ErrorBody
+from hoprl.schemas import VISIBLE, VISIBLE_MESSAGE, ErrorBody
 
 log = logging.getLogger("hoprl.services")
 
@@ -37,9 +37,12 @@ log = logging.getLogger("hoprl.services")
 class ApiError(Exception):
     """Raise from a route to answer ``status`` with a JSON body naming the problem."""
 
-    def __init__(self, status: int, error: str, message: str, detail: Any = None) -> None:
+    def __init__(
+        self, status: int, error: str, message: str, detail: Any = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.error, self.message, self.detail = status, error, message, detail
+        self.headers = headers  # e.g. Retry-After on a 429
 
 
 def state_of(name: str, starting: str, detail: Any = None) -> Callable[[Request], Awaitable[Any]]:
@@ -76,12 +79,26 @@ def error_response(
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
 
 
+def _deepest_first(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The errors with the most specific one of the first field first: a union field (``stop``: a
+    string or a list of strings) fails once per branch, and the branch the value took (the list,
+    with its bad item) says more than "Input should be a valid string"."""
+    if len(errors) < 2:
+        return errors
+    field = tuple(errors[0].get("loc", ()))[:2]
+    same = [e for e in errors if tuple(e.get("loc", ()))[:2] == field]
+    chosen = max(same, key=lambda e: len(e.get("loc", ())))
+    return [chosen, *(e for e in errors if e is not chosen)]
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     if any(e.get("type") == "json_invalid" for e in errors):
         return "malformed_json", "the request body is not valid JSON"
     first = errors[0]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # pydantic's prefix
+    if first.get("type") == "string_pattern_mismatch" and VISIBLE in message:
+        message = VISIBLE_MESSAGE  # the non-blank rule, in words rather than as its regex
     return "invalid_request", f"{where}: {message}"
 
 
@@ -227,11 +244,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.error, exc.message, exc.detail)
+        return error_response(exc.status, exc.error, exc.message, exc.detail, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
+        errors = _deepest_first(
+            [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
+        )
         code, message = _validation_message(errors)
         return error_response(400 if code == "malformed_json" else 422, code, message, errors)
 

@@ -2,12 +2,15 @@
 
 Every service installs it (:func:`install_api_key`, called by :func:`services.app.create_service_app`).
 With ``HOPRL_API_KEY`` set, every request needs ``Authorization: Bearer <key>``, except the health
-probes and the API docs (:data:`OPEN_PATHS`) and the admin routes (``/v1/admin/*``), which keep
-their own token (``POLICY_ADMIN_TOKEN``): there is one ``Authorization`` header, and the admin
-token is the stronger secret. Without the header (or with another scheme) the answer is 401 with
-``WWW-Authenticate: Bearer``; a wrong key is 403. Both carry the usual JSON error body. The key
-is compared with :func:`secrets.compare_digest`, so the time taken does not leak how many leading
-characters matched.
+probes and the API docs (:data:`OPEN_PATHS`) and the admin routes (``/v1/admin/*``), which take
+their own token instead (the policy's ``POLICY_ADMIN_TOKEN``, passed as ``admin_token``): there is
+one ``Authorization`` header, and the admin token is the stronger secret. The same middleware checks
+that token, so an admin route too answers 401 / 403 before its body is read: an unauthenticated
+caller learns nothing of its shape (a broken or empty body is not parsed). Without an admin token
+configured, every ``/v1/admin/*`` request is a 403 ``admin_disabled``. Without the header (or with
+another scheme) the answer is 401 with ``WWW-Authenticate: Bearer``; a wrong key or token is 403.
+Both carry the usual JSON error body. Keys are compared with :func:`secrets.compare_digest`, so
+the time taken does not leak how many leading characters matched.
 
 Unset (the embedded default, services on 127.0.0.1) means open; the service logs a warning when it
 starts. The clients (:mod:`hoprl.clients`) send ``$HOPRL_API_KEY`` by default, so services that
@@ -68,36 +71,54 @@ def api_key_from_env() -> str | None:
 
 
 class ApiKeyMiddleware:
-    """Pure ASGI middleware: 401 / 403 for requests without the right bearer key.
+    """Pure ASGI middleware: 401 / 403 for requests without the right bearer key (or admin token).
 
-    ``key=None`` lets every request through and only logs the start-up warning.
+    ``key=None`` lets every request but the admin routes through and only logs the start-up
+    warning; ``admin_token=None`` answers every admin route 403 (``admin_setting`` names the
+    setting that enables them).
     """
 
-    def __init__(self, app: ASGIApp, key: str | None, service: str) -> None:
+    def __init__(
+        self, app: ASGIApp, key: str | None, service: str, admin_token: str | None = None,
+        admin_setting: str = "the admin token",
+    ) -> None:  # fmt: skip
         self.app = app
         self.key = key.encode() if key else None
+        self.admin_token = admin_token.encode() if admin_token else None
+        self.admin_setting = admin_setting
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             return await self.app(scope, self._announce(receive), send)
-        if scope["type"] != "http" or self.key is None or self._open(scope["path"]):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        scheme, token = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
-        if scheme.lower() != "bearer" or not token:
-            message = f"this service needs 'Authorization: Bearer <{API_KEY_ENV}>'"
-            response = _error(scope["path"], 401, "unauthorized", message)
-            response.headers["WWW-Authenticate"] = "Bearer"
-        elif not secrets.compare_digest(token.encode(), self.key):
-            message = f"the API key is wrong (it must equal {API_KEY_ENV})"
-            response = _error(scope["path"], 403, "forbidden", message)
-        else:
+        response = self._refusal(scope)
+        if response is None:
             return await self.app(scope, receive, send)
         await response(scope, receive, send)
 
-    @staticmethod
-    def _open(path: str) -> bool:
-        return path in OPEN_PATHS or path.startswith(ADMIN_PREFIX)
+    def _refusal(self, scope: Scope) -> JSONResponse | None:
+        """The 401 / 403 this request gets before anything reads it, or None to let it through."""
+        admin = scope["path"].startswith(ADMIN_PREFIX)
+        if not admin and self.key is None:
+            return None
+        scheme, token = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
+        setting = self.admin_setting if admin else API_KEY_ENV
+        if scheme.lower() != "bearer" or not token:
+            who = "admin routes need" if admin else "this service needs"
+            message = f"{who} 'Authorization: Bearer <{setting}>'"
+            response = _error(scope["path"], 401, "unauthorized", message)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        if admin and self.admin_token is None:
+            message = f"admin routes are disabled: set {setting} to enable them"
+            return _error(scope["path"], 403, "admin_disabled", message)
+        expected = self.admin_token if admin else self.key
+        if expected is None or not secrets.compare_digest(token.encode(), expected):
+            noun = "admin token" if admin else "API key"
+            return _error(scope["path"], 403, "forbidden", f"the {noun} is wrong (it must equal {setting})")
+        return None
 
     def _announce(self, receive: Receive) -> Receive:
         """``receive`` that logs whether the key is required when the server starts."""
@@ -126,15 +147,28 @@ def _error(path: str, status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def install_api_key(app: FastAPI, key: str | None = None) -> None:
-    """Require the API key on ``app`` (``key``, else ``$HOPRL_API_KEY``) and document it in OpenAPI."""
+def install_api_key(
+    app: FastAPI,
+    key: str | None = None,
+    admin_token: str | None = None,
+    admin_setting: str = "the admin token",
+) -> None:
+    """Require the API key on ``app`` (``key``, else ``$HOPRL_API_KEY``) and ``admin_token`` on its
+    ``/v1/admin/*`` routes, and document both in OpenAPI."""
     key = key or api_key_from_env()
-    app.add_middleware(ApiKeyMiddleware, key=key, service=app.title)
-    app.openapi = _openapi_with_security(app, app.openapi)  # type: ignore[method-assign]
+    app.add_middleware(
+        ApiKeyMiddleware, key=key, service=app.title, admin_token=admin_token, admin_setting=admin_setting
+    )
+    app.openapi = _openapi_with_security(app, app.openapi, key is not None)  # type: ignore[method-assign]
 
 
-def _openapi_with_security(app: FastAPI, build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-    """``app.openapi`` plus the bearer schemes, each protected operation's lock and its 401 / 403."""
+def _openapi_with_security(
+    app: FastAPI, build: Callable[[], dict[str, Any]], keyed: bool
+) -> Callable[[], dict[str, Any]]:
+    """``app.openapi`` plus the bearer schemes, each protected operation's lock and its 401 / 403.
+
+    Only what is enforced is published: without an API key (``keyed`` false) the operations carry no
+    lock, as they take requests without one; the admin routes always need their token."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -144,13 +178,12 @@ def _openapi_with_security(app: FastAPI, build: Callable[[], dict[str, Any]]) ->
         components.setdefault("schemas", {}).setdefault(
             "ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
         )
-        components.setdefault("securitySchemes", {})[API_KEY_SCHEME] = {
-            "type": "http",
-            "scheme": "bearer",
-            "description": f"the service's {API_KEY_ENV}; required when the service runs with it set",
-        }
+        if keyed:
+            components.setdefault("securitySchemes", {})[API_KEY_SCHEME] = {
+                "type": "http", "scheme": "bearer", "description": f"the service's {API_KEY_ENV}",
+            }  # fmt: skip
         for path, operations in schema.get("paths", {}).items():
-            if path in OPEN_PATHS:
+            if path in OPEN_PATHS or not (keyed or path.startswith(ADMIN_PREFIX)):
                 continue
             model = "ErrorBody"
             if path in OPENAI_PATHS and "OpenAIErrorResponse" in components["schemas"]:
@@ -158,7 +191,7 @@ def _openapi_with_security(app: FastAPI, build: Callable[[], dict[str, Any]]) ->
             error = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}}}
             admin = path.startswith(ADMIN_PREFIX)
             if admin:
-                components["securitySchemes"][ADMIN_SCHEME] = {
+                components.setdefault("securitySchemes", {})[ADMIN_SCHEME] = {
                     "type": "http", "scheme": "bearer", "description": "the service's admin token",
                 }  # fmt: skip
             for operation in operations.values():

@@ -8,6 +8,9 @@ cancel it; create a collection, ingest, search, delete it). Every response is ch
 - no 5xx (schemathesis' ``not_a_server_error``);
 - the status code, content type and body are the ones the operation declares in its OpenAPI
   (``status_code_conformance``, ``content_type_conformance``, ``response_schema_conformance``);
+- the published schema is the enforced one: a schema-valid request is never refused as invalid
+  (``positive_data_acceptance``: 2xx, or 401/403/404/409/429), a schema-breaking one never
+  accepted (``negative_data_rejection``: a 4xx);
 - every 4xx carries a JSON error body: ``{"error", "message"}``, or OpenAI's
   ``{"error": {"message", ...}}`` on the OpenAI-compatible routes.
 
@@ -31,12 +34,15 @@ from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.core import NotSet
 from schemathesis.core.failures import FailureGroup
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -49,6 +55,8 @@ CHECKS = [
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
+    positive_data_acceptance,
+    negative_data_rejection,
 ]
 #: cases per operation and mode in the default test run; ``make fuzz`` raises it
 QUICK_EXAMPLES = 25
@@ -109,6 +117,8 @@ class FuzzReport:
     per_operation: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
     transitions: Counter[str] = field(default_factory=Counter)
+    #: statuses of the schema-valid (positive) cases, per operation: (label, status) -> count
+    positive: Counter[tuple[str, int]] = field(default_factory=Counter)
     #: a digest of every generated request (stateful ones aside: they carry ids the service made up);
     #: two runs of the same code print the same one
     requests: Any = field(default_factory=hashlib.sha256)
@@ -131,10 +141,18 @@ class FuzzReport:
             f"requests {self.requests.hexdigest()[:12]}"
         )
 
+    def reached(self, label: str, status: int = 200) -> float:
+        """The share of ``label``'s schema-valid cases answered ``status`` (0.0 without any)."""
+        total = sum(n for (op, _), n in self.positive.items() if op == label)
+        return self.positive[(label, status)] / total if total else 0.0
+
     def record(
         self, case: schemathesis.Case, response: Any, headers: dict[str, str], generated: bool = True
     ) -> None:
         """Count the response and run every check on it; a failure is kept, not raised."""
+        meta = case.meta
+        if meta is not None and meta.generation.mode == GenerationMode.POSITIVE:
+            self.positive[(case.operation.label, response.status_code)] += 1
         if generated:
             body = None if isinstance(case.body, NotSet) else case.body
             sent = (case.method, case.path, case.path_parameters, case.query, case.headers, body)
@@ -255,7 +273,11 @@ def _fuzz(
                 response = case.call(headers=headers, timeout=timeout)
                 report.record(case, response, headers)
 
-            run()
+            try:
+                run()
+            except Unsatisfiable:  # e.g. a path's free-form string: nothing breaks its schema
+                if mode != GenerationMode.NEGATIVE:
+                    raise
     if stateful_scenarios:
         stateful(schema, report, stateful_scenarios, headers, timeout, reset)
     return report

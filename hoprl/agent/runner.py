@@ -45,12 +45,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hoprl.domain import Action, Completion, Episode, EpisodeShape, Question, RetrievedDoc, SearchMode, Step
+from hoprl.schemas import VISIBLE
 from hoprl.schemas.retriever import Hit
 
 log = logging.getLogger(__name__)
@@ -147,13 +149,26 @@ class _Run:
         self.used = 0
 
     async def retrieve(self, queries: list[str]) -> list[list[RetrievedDoc]]:
+        """Each query's documents; a query without a visible character (``<search> </search>``)
+        finds none, as the retriever would refuse to search it (its 422 failed the episode)."""
         start = time.perf_counter()
-        hits = await self.retriever.search(
-            self.collection, queries, top_k=self.opts.shape.top_k or self.recipe.top_k,
-            mode=self.opts.shape.search_mode,
-        )  # fmt: skip
+        asked = [i for i, q in enumerate(queries) if re.search(VISIBLE, q)]
+        hits = (
+            await self.retriever.search(
+                self.collection,
+                [queries[i] for i in asked],
+                top_k=self.opts.shape.top_k or self.recipe.top_k,
+                mode=self.opts.shape.search_mode,
+            )
+            if asked
+            else []
+        )
         self.episode.timings["retrieval"] += time.perf_counter() - start
-        return [[RetrievedDoc(id=h.id, title=h.title, text=h.text, score=h.score) for h in hs] for hs in hits]
+        found = dict(zip(asked, hits, strict=True))
+        return [
+            [RetrievedDoc(id=h.id, title=h.title, text=h.text, score=h.score) for h in found.get(i, [])]
+            for i in range(len(queries))
+        ]
 
     async def generate(self, max_tokens: int) -> Completion:
         start = time.perf_counter()

@@ -50,6 +50,15 @@ class RetrieverClient(ServiceClient):
     def delete(self, collection: str) -> None:
         _check(self.http.delete(f"/v1/collections/{collection}"))
 
+    def info(self, collection: str) -> CollectionInfo:
+        """The collection's counts and leases; :class:`ServiceError` 404 when it does not exist."""
+        return CollectionInfo.model_validate(_check(self.http.get(f"/v1/collections/{collection}")))
+
+    def lease(self, collection: str, holder: str, held: bool = True) -> CollectionInfo:
+        """Mark ``collection`` in use by ``holder`` (``held=False``: release it); both idempotent."""
+        url = f"/v1/collections/{collection}/leases/{holder}"
+        return CollectionInfo.model_validate(_check(self.http.put(url) if held else self.http.delete(url)))
+
 
 class AsyncRetrieverClient:
     """Async client for the agent loop: ``await client.search(collection, queries)``."""

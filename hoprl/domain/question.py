@@ -8,13 +8,13 @@ Every loader (local JSONL, Hugging Face hub, the synthetic world) produces :clas
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class Paragraph(BaseModel):
     title: str
     text: str
-    is_gold: bool = False
+    is_gold: StrictBool = False
 
 
 class Question(BaseModel):

@@ -18,9 +18,11 @@ is derived (:func:`hoprl.jobspec.recipe_derived_defaults`).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hoprl.domain.jsontypes import json_typed
 
 SearchMode = Literal["dense", "sparse", "hybrid"]
 #: the largest token budget a shape holds (a reasoning model's 16,384-token episodes fit eight times)
@@ -42,6 +44,12 @@ class EpisodeShape(BaseModel):
     stop: tuple[str, ...] | None = Field(None, description="stop strings of a step; null: the recipe's")
     search_mode: SearchMode = "hybrid"
     grammar: bool = Field(False, description="decode under the recipe's action grammar")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        """JSON's own types, as the published schema has them: no "5" for a number (it travels)."""
+        return json_typed(cls, data)
 
     def greedy(self) -> EpisodeShape:
         """The same shape decoded greedily (dev checks and evaluations of a trained run)."""

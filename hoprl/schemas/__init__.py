@@ -12,13 +12,39 @@ question schema (:class:`hoprl.domain.Question`, re-exported: it travels in requ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hoprl.domain import Paragraph, Question
+from hoprl.domain.jsontypes import (
+    MAX_JSON_INT,
+    VISIBLE,
+    VISIBLE_MESSAGE,
+    Bool,
+    Float,
+    Int,
+    json_number,
+    json_typed,
+    non_blank,
+)
 
-__all__ = ["Document", "ErrorBody", "Paragraph", "Question"]
+#: the question schema and JSON's own types are re-exported: every wire model uses them
+__all__ = [
+    "MAX_JSON_INT",
+    "VISIBLE",
+    "VISIBLE_MESSAGE",
+    "Bool",
+    "Document",
+    "ErrorBody",
+    "Float",
+    "Int",
+    "Paragraph",
+    "Question",
+    "json_number",
+    "json_typed",
+    "non_blank",
+]
 
 
 class Document(BaseModel):
@@ -26,9 +52,9 @@ class Document(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1, max_length=256)
+    id: Annotated[str, non_blank(256)]
     title: str = Field(default="", max_length=2_000)
-    text: str = Field(min_length=1, max_length=100_000)
+    text: Annotated[str, non_blank(100_000)] = Field(description="at least one visible character")
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -10,6 +10,7 @@ from hoprl.judging import Verdict
 MAX_TEXT = 20_000  # characters in a question, prediction or reference
 MAX_PASSAGE = 100_000  # characters in one evidence passage
 MAX_LIST = 256  # references or passages in one item
+MAX_BATCH = 256  # items in one request (JUDGE_MAX_BATCH may lower it)
 
 
 class AnswerItem(BaseModel):
@@ -43,13 +44,17 @@ class AnswerableItem(BaseModel):
 class AnswerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    items: list[AnswerItem] = Field(min_length=1, description="a batch; the service caps its size")
+    items: list[AnswerItem] = Field(
+        min_length=1, max_length=MAX_BATCH, description="a batch of at most JUDGE_MAX_BATCH items"
+    )
 
 
 class AnswerableRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    items: list[AnswerableItem] = Field(min_length=1, description="a batch; the service caps its size")
+    items: list[AnswerableItem] = Field(
+        min_length=1, max_length=MAX_BATCH, description="a batch of at most JUDGE_MAX_BATCH items"
+    )
 
 
 class JudgeVerdict(Verdict):

@@ -8,23 +8,74 @@ them in its OpenAPI; :class:`hoprl.clients.policy.PolicyClient` parses the repli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hoprl.domain import Episode, EpisodeShape, Outcome, Paragraph, Question, Step, TokenTrajectory
+from hoprl.schemas import MAX_JSON_INT, json_typed, non_blank
+from hoprl.schemas.retriever import CollectionName
 
-SEED = Field(None, ge=0, le=2**63 - 1, description="same seed, same request -> same output")
+#: the most characters in a question (POLICY_MAX_QUESTION_CHARS may lower it; the service publishes
+#: its own value in its OpenAPI document)
+MAX_QUESTION_CHARS = 2_000
+QuestionText = Annotated[str, non_blank(MAX_QUESTION_CHARS)]
+#: the recipe whose prompt reads a request's ``paragraphs`` (its numbered references)
+PARAGRAPH_RECIPES = ("arena",)
+
+
+def _recipe_names(schema: dict[str, Any]) -> None:
+    """The recipes as an enum in the OpenAPI document, imported only when the document is built
+    (the recipes pull in torch; the clients import this module)."""
+    from hoprl.recipes import RECIPES
+
+    branch = next(b for b in schema["anyOf"] if b.get("type") == "string") if "anyOf" in schema else schema
+    branch["enum"] = sorted(RECIPES)
+
+
+def _paragraphs_need_their_recipe(schema: dict[str, Any]) -> None:
+    """Paragraphs only with a recipe that reads them, named in the request (JSON Schema if/then)."""
+    schema["if"] = {"properties": {"paragraphs": {"minItems": 1}}, "required": ["paragraphs"]}
+    schema["then"] = {"properties": {"recipe": {"enum": list(PARAGRAPH_RECIPES)}}, "required": ["recipe"]}
+
+
+SEED = Field(
+    None, ge=0, le=MAX_JSON_INT, description="same seed, same request -> same output; 0 to 2**53 - 1"
+)
 
 
 class AnswerRequest(BaseModel):
-    """A question for the agent; unset fields take the service's defaults (POLICY_DEFAULT_*)."""
+    """A question for the agent; unset fields take the service's defaults (POLICY_DEFAULT_*).
 
-    model_config = ConfigDict(extra="forbid")
+    ``paragraphs`` are used, never dropped: only a recipe whose prompt reads them (ARENA: its
+    numbered references) takes them, and the request must name it; any other recipe searches its
+    collection, so paragraphs with it are a 422 naming the recipe (the published schema says so
+    with an if/then)."""
 
-    question: str = Field(description="the question, 1 to POLICY_MAX_QUESTION_CHARS characters")
-    recipe: str | None = Field(None, description="e.g. naive-rag, search-r1; default POLICY_DEFAULT_RECIPE")
-    collection: str | None = Field(
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_paragraphs_need_their_recipe)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        return json_typed(cls, data)
+
+    @model_validator(mode="after")
+    def _paragraphs_used(self) -> AnswerRequest:
+        if self.paragraphs and self.recipe not in PARAGRAPH_RECIPES:
+            named = f"recipe {self.recipe!r}" if self.recipe else "the default recipe (POLICY_DEFAULT_RECIPE)"
+            raise ValueError(
+                f"paragraphs are read only by {', '.join(PARAGRAPH_RECIPES)} (its numbered references); "
+                f"{named} searches its collection and would ignore them: name recipe 'arena', or leave "
+                "paragraphs out"
+            )
+        return self
+
+    question: QuestionText = Field(description="the question, 1 to POLICY_MAX_QUESTION_CHARS characters")
+    recipe: str | None = Field(
+        None, description="e.g. naive-rag, search-r1; default POLICY_DEFAULT_RECIPE",
+        json_schema_extra=_recipe_names,
+    )  # fmt: skip
+    collection: CollectionName | None = Field(
         None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
     )
     shape: EpisodeShape | None = Field(
@@ -51,8 +102,9 @@ class AnswerRequest(BaseModel):
     seed: int | None = SEED
     paragraphs: list[Paragraph] = Field(
         default_factory=list,
-        description="the question's own references, for recipes that answer over them (ARENA); the "
-        "question and these count against POLICY_MAX_PROMPT_CHARS",
+        description="the question's own references, for the recipe that answers over them (ARENA, named "
+        "in the request); with any other recipe a 422. The question and these count against "
+        "POLICY_MAX_PROMPT_CHARS",
     )
     recipe_config: dict[str, Any] = Field(
         default_factory=dict,
@@ -97,11 +149,19 @@ class AnswerBatchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    questions: list[str] = Field(
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        return json_typed(cls, data)
+
+    questions: list[QuestionText] = Field(
         min_length=1, description="1 to POLICY_MAX_ROLLOUTS questions, each as AnswerRequest.question"
     )
-    recipe: str | None = Field(None, description="e.g. naive-rag, search-r1; default POLICY_DEFAULT_RECIPE")
-    collection: str | None = Field(
+    recipe: str | None = Field(
+        None, description="e.g. naive-rag, search-r1; default POLICY_DEFAULT_RECIPE",
+        json_schema_extra=_recipe_names,
+    )  # fmt: skip
+    collection: CollectionName | None = Field(
         None, description="retriever collection; default POLICY_DEFAULT_COLLECTION"
     )
     shape: EpisodeShape | None = Field(
@@ -121,13 +181,24 @@ class AnswerBatchResponse(BaseModel):
     took_s: float
 
 
+class RolloutShape(EpisodeShape):
+    """A rollout's episode shape: an :class:`~hoprl.domain.EpisodeShape` published with this
+    service's limits (POLICY_MAX_STEPS, POLICY_MAX_NEW_TOKENS_PER_STEP, POLICY_TOKEN_BUDGET), which a
+    rollout over them is refused by (an answer's shape is lowered to them instead)."""
+
+
 class RolloutSampling(BaseModel):
     """How rollouts are sampled: the run's episode shape (never a default: a training run's own) and
     the sampling choices beside it."""
 
     model_config = ConfigDict(extra="forbid")
 
-    shape: EpisodeShape = Field(
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        return json_typed(cls, data)
+
+    shape: RolloutShape = Field(
         description="steps (<= POLICY_MAX_STEPS), tokens a step (<= POLICY_MAX_NEW_TOKENS_PER_STEP), budget "
         "(<= POLICY_TOKEN_BUDGET), temperature, search mode; rollouts are never grammar-constrained"
     )
@@ -138,10 +209,15 @@ class RolloutSampling(BaseModel):
 class RolloutRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        return json_typed(cls, data)
+
     questions: list[Question] = Field(min_length=1, description="common-schema questions")
-    recipe: str
+    recipe: str = Field(json_schema_extra=_recipe_names)
     n_samples: int = Field(1, ge=1, description="episodes per question (a GRPO group)")
-    collection: str
+    collection: CollectionName
     sampling: RolloutSampling
 
 

@@ -13,10 +13,11 @@ silently ignored; a name OpenAI does not know is a 400 too, as OpenAI answers (s
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hoprl.schemas import Bool, json_typed, non_blank
 from hoprl.schemas.policy import SEED
 
 Problem = tuple[str, str, str]
@@ -43,6 +44,11 @@ HINTS = frozenset(
 )  # fmt: skip
 
 
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values: false is not 0 (Python's ``False == 0``), 0 and 0.0 are one number."""
+    return isinstance(a, bool) == isinstance(b, bool) and type(a) in (type(b), int, float) and a == b
+
+
 def extra_problem(
     extra: dict[str, Any] | None, no_op: dict[str, tuple[Any, ...]], hints: frozenset[str], at: str = ""
 ) -> Problem | None:
@@ -50,7 +56,7 @@ def extra_problem(
     for name, value in (extra or {}).items():
         param = f"{at}{name}"
         if name in no_op:
-            if value is not None and value not in no_op[name]:
+            if value is not None and not any(_json_equal(value, v) for v in no_op[name]):
                 allowed = ", ".join(["null", *(json.dumps(v) for v in no_op[name])])
                 return (
                     "unsupported_parameter", param,
@@ -61,8 +67,34 @@ def extra_problem(
     return None
 
 
+#: a completion prompt: at least one visible character (longer ones meet POLICY_MAX_PROMPT_CHARS)
+PromptText = Annotated[str, non_blank(10**7)]
+
+
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: Bool = False
+
+
+def _no_ops(no_op: dict[str, tuple[Any, ...]], hints: frozenset[str]) -> Any:
+    """``json_schema_extra`` that publishes what :func:`extra_problem` accepts beyond the declared
+    fields: each unimplemented parameter with the values that ask for nothing (or null), each hint
+    with any value, and nothing else (``additionalProperties: false``)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        properties = schema.setdefault("properties", {})
+        for name, prop in properties.items():  # null is any optional parameter's default
+            branches = prop.get("anyOf", [prop])
+            if name not in schema.get("required", []) and not any(b.get("type") == "null" for b in branches):
+                keep = {k: prop.pop(k) for k in ("title", "description", "default") if k in prop}
+                properties[name] = {"anyOf": [prop, {"type": "null"}], **keep}
+        for name, values in no_op.items():
+            properties.setdefault(name, {"enum": [None, *values], "description": "not implemented: null or "
+                                         "a value that asks for nothing"})  # fmt: skip
+        for name in sorted(hints):
+            properties.setdefault(name, {"description": "a hint; it changes nothing in the output"})
+        schema["additionalProperties"] = False
+
+    return extra
 
 
 class _OpenAIRequest(BaseModel):
@@ -72,7 +104,11 @@ class _OpenAIRequest(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2, description="0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1, description="default: 16 (completions) / 256 (chat)")
-    stop: str | list[str] | None = Field(None, description="up to 8 stop strings, cut from the text")
+    stop: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=8)]
+        | None
+    ) = Field(None, description="up to 8 non-empty stop strings, cut from the text")
     n: int = Field(1, ge=1)
     seed: int | None = SEED
     stream: bool = Field(False, description="server-sent events, each piece of text as it is decoded")
@@ -81,10 +117,11 @@ class _OpenAIRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_means_default(cls, data: Any) -> Any:
-        """``null`` is a parameter's default, as in OpenAI's API (``"temperature": null``)."""
+        """``null`` is a parameter's default, as in OpenAI's API (``"temperature": null``); a number
+        or boolean parameter takes JSON's type only (``"n": "2"`` and ``"stream": 0`` are 400s)."""
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
-        return data
+            data = {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return json_typed(cls, data)
 
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -95,10 +132,10 @@ class _OpenAIRequest(BaseModel):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=lambda s: s.update(required=["type", "text"]))
 
-    type: str = Field(description="only 'text' is supported")
-    text: str | None = None
+    type: str = Field(description="only 'text' is supported", json_schema_extra={"enum": ["text"]})
+    text: str | None = Field(None, json_schema_extra={"type": "string"})
 
 
 class ToolCallFunction(BaseModel):
@@ -129,10 +166,39 @@ class ToolCall(BaseModel):
         }
 
 
+def _turns_by_role(schema: dict[str, Any]) -> None:
+    """The rules of :meth:`ChatMessage.problem` as JSON Schema: content is null only in an assistant
+    turn with tool_calls, only assistant turns carry tool_calls, a tool turn names its
+    tool_call_id, and the only undeclared fields are OpenAI's no-op ones (null)."""
+    properties = schema["properties"]
+    # the declared fields' own branches (their $refs follow whichever template the caller uses)
+    content = {"anyOf": [b for b in properties["content"]["anyOf"] if b.get("type") != "null"]}
+    array = next(b for b in properties["tool_calls"]["anyOf"] if b.get("type") == "array")
+    calls = {**array, "minItems": 1}
+    properties.update({name: {"type": "null"} for name in MESSAGE_NO_OP})
+    schema["additionalProperties"] = False
+    no_calls = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+    user = {"role": {"enum": ["system", "developer", "user"]}, "content": content, "tool_calls": no_calls}
+    tool = {
+        "role": {"const": "tool"},
+        "content": content,
+        "tool_calls": no_calls,
+        "tool_call_id": {"type": "string", "minLength": 1},
+    }
+    said = {"role": {"const": "assistant"}, "content": content}
+    calling = {"role": {"const": "assistant"}, "content": {"type": "null"}, "tool_calls": calls}
+    schema["oneOf"] = [  # services.policy.app drops the tool turns a model's template cannot render
+        {"properties": user, "required": ["role", "content"]},
+        {"properties": tool, "required": ["role", "content", "tool_call_id"]},
+        {"properties": said, "required": ["role", "content"]},
+        {"properties": calling, "required": ["role", "tool_calls"]},
+    ]  # fmt: skip
+
+
 class ChatMessage(BaseModel):
     """A chat turn; ``tool`` turns and assistant turns with ``tool_calls`` (content null) included."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_turns_by_role)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
@@ -184,11 +250,19 @@ class JsonSchema(BaseModel):
     name: str
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="JSON Schema; None = any JSON")
-    strict: bool | None = Field(None, description="ignored: the schema is always enforced")
+    strict: Bool | None = Field(None, description="ignored: the schema is always enforced")
+
+
+def _schema_with_json_schema(schema: dict[str, Any]) -> None:
+    """type json_schema needs its json_schema (JSON Schema if/then, as :meth:`_schema_given`)."""
+    schema["if"] = {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]}
+    schema["then"] = {"properties": {"json_schema": {"type": "object"}}, "required": ["json_schema"]}
 
 
 class ResponseFormat(BaseModel):
     """``text``, or JSON (any object, or one that follows ``json_schema``) enforced while decoding."""
+
+    model_config = ConfigDict(json_schema_extra=_schema_with_json_schema)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None
@@ -211,6 +285,8 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(_OpenAIRequest):
     """OpenAI's chat completion request; unimplemented parameters are a 400 unless they ask for nothing."""
 
+    model_config = ConfigDict(extra="allow", json_schema_extra=_no_ops(CHAT_NO_OP, HINTS))
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens")
     logprobs: bool = Field(False, description="with stream, the chunks are sent once decoding ends")
@@ -227,7 +303,11 @@ class ChatCompletionRequest(_OpenAIRequest):
 class CompletionRequest(_OpenAIRequest):
     """OpenAI's legacy completion request; unimplemented parameters are a 400 unless they ask for nothing."""
 
-    prompt: str | list[str] = Field(description="one prompt, or a batch of prompts (text, not token ids)")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_no_ops(COMPLETION_NO_OP, HINTS))
+
+    prompt: PromptText | Annotated[list[PromptText], Field(min_length=1)] = Field(
+        description="one prompt, or a batch of prompts (text, not token ids), each with a visible character"
+    )
     logprobs: int | None = Field(None, ge=0, le=5, description="return the top-k log-probs per token")
 
     def problem(self) -> Problem | None:

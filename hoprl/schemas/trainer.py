@@ -13,12 +13,14 @@ such with the run.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hoprl.configs import recipe_objective
 from hoprl.domain import RECIPE_NAMES, SHAPE_DEFAULTS
+from hoprl.schemas import json_typed, non_blank
+from hoprl.schemas.retriever import CollectionName
 
 Objective = Literal["grpo", "dapo", "dr_grpo", "sft", "ppo", "dpo"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -36,6 +38,12 @@ class Hyperparameters(BaseModel):
     the generic value (module docstring); the defaults named here are the generic ones."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        """true/false for a boolean knob, a JSON number for a number (not 0, "5" or true)."""
+        return json_typed(cls, data)
 
     preset: Preset = Field(
         "paper",
@@ -216,6 +224,12 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        """A JSON number for steps and seed (not "5" or true)."""
+        return json_typed(cls, data)
+
     recipe: str = Field(description="a recipe name, e.g. when-to-search", json_schema_extra=_recipe_names)
     objective: Objective = Field(
         None,  # type: ignore[arg-type]  # never None after validation: _paper_objective fills it
@@ -223,11 +237,13 @@ class JobRequest(BaseModel):
         "when-to-search, grpo for the others); an explicit objective wins",
         json_schema_extra=_nullable,
     )
-    model: str | None = Field(None, description="HF id or checkpoint folder; unset = the default model")
+    model: Annotated[str, non_blank(4096)] | None = Field(
+        None, description="HF id or checkpoint folder; unset = the default model"
+    )
     dataset: str = Field(
         "synthetic", description="a JSONL path, 'synthetic[:SEED[:MAX_HOPS]]', or a hub name"
     )
-    collection: str | None = Field(
+    collection: CollectionName | None = Field(
         None, description="retriever collection; unset = index the dataset's paragraphs"
     )
     steps: int = Field(10, ge=1, le=1_000_000, description="optimizer steps")

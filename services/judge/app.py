@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from redis.exceptions import RedisError
 
-from services.app import create_service_app
+from services.app import create_service_app, publish_limits
 from services.errors import ApiError
 from services.judge.backends import make_backend
 from services.judge.cache import make_cache
@@ -44,6 +44,8 @@ def create_app(settings: JudgeSettings | None = None) -> FastAPI:
 
     description = "Answer equivalence and answerability verdicts: rules, or an LLM with a rules fallback."
     app = create_service_app("judge", description, lifespan, router, ready)
+    batch = {"maxItems": settings.max_batch}  # JUDGE_MAX_BATCH as set (services.app.publish_limits)
+    publish_limits(app, {"AnswerRequest.items": batch, "AnswerableRequest.items": batch})
     app.state.settings = settings
     return app
 

@@ -46,10 +46,10 @@ SettingsDep = Annotated[JudgeSettings, Depends(settings_of)]
 
 def _check_batch(items: Sequence[BaseModel], limit: int) -> None:
     if len(items) > limit:
-        raise ApiError(
-            413,
+        raise ApiError(  # 422: the published schema states JUDGE_MAX_BATCH (maxItems)
+            422,
             "batch_too_large",
-            f"{len(items)} items in one request; the limit is {limit} (JUDGE_MAX_BATCH)",
+            f"items: {len(items)} in one request; the limit is {limit} (JUDGE_MAX_BATCH)",
         )
 
 

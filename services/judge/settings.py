@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from hoprl.schemas.judge import MAX_BATCH
 from services.judge.prompts import ANSWER_PROMPTS, ANSWERABLE_PROMPTS
 from services.settings import ServiceSettings
 
@@ -45,7 +46,9 @@ class JudgeSettings(ServiceSettings):
     cache_ttl_s: float = Field(7 * 24 * 3600, gt=0, description="how long a verdict stays cached")
     cache_size: int = Field(100_000, ge=1, description="entries of the in-process LRU cache")
 
-    max_batch: int = Field(256, ge=1, description="items per request")
+    max_batch: int = Field(
+        MAX_BATCH, ge=1, le=MAX_BATCH, description="items per request (at most the schema's ceiling)"
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> JudgeSettings:

@@ -220,9 +220,10 @@ class Policy:
             raise ApiError(422, "no_tokenizer", "rollouts need a tokenizer: set POLICY_TOKENIZER")
         recipe = self.recipe(body.recipe)
         total = len(body.questions) * body.n_samples
-        if total > s.max_rollouts:
+        if total > s.max_rollouts:  # 422 when one factor breaks the published schema, else 409
+            over = max(len(body.questions), body.n_samples) > s.max_rollouts
             raise ApiError(
-                413, "batch_too_large",
+                422 if over else 409, "batch_too_large",
                 f"{total} episodes (questions x n_samples) in one request; the limit is {s.max_rollouts} "
                 "(POLICY_MAX_ROLLOUTS)",
             )  # fmt: skip

@@ -6,6 +6,7 @@ starts load the cached dense copy in under a second).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,16 +15,18 @@ import httpx
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from hoprl.clients.http import ServiceError
+from hoprl.clients.retriever import RetrieverClient
 from hoprl.generation.engines import Engine
 from hoprl.generation.model import resolve_model
 from hoprl.generation.openai_engine import OpenAIEngine
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.generation.vllm_engine import VllmEngine
-from services.app import create_service_app
+from services.app import Limits, create_service_app, publish_limits
 from services.errors import ApiError
 from services.policy.agent import Policy
 from services.policy.batch_routes import batch_router
-from services.policy.openai_routes import PolicyDep
+from services.policy.openai_routes import PolicyDep, check_tools_render
 from services.policy.routes import router
 from services.policy.settings import PolicySettings
 
@@ -81,9 +84,109 @@ def create_app(settings: PolicySettings | None = None) -> FastAPI:
         "The policy model served: OpenAI-compatible completions, /v1/answer for apps "
         "(a recipe's agent loop against the retriever), token-level rollouts, checkpoint switching."
     )
-    app = create_service_app("policy", description, lifespan, router, ready)
+    token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    app = create_service_app("policy", description, lifespan, router, ready, token, "POLICY_ADMIN_TOKEN")
     app.include_router(batch_router)
+    publish_limits(app, live_limits(settings))
+    publish_chat_turns(app)
+    publish_collections(app, settings)
     return app
+
+
+COLLECTION_FIELDS = ("AnswerRequest", "AnswerBatchRequest", "RolloutRequest")
+
+
+def publish_collections(app: FastAPI, settings: PolicySettings) -> None:
+    """Each ``/openapi.json`` lists the collections the retriever holds as the ``collection`` field's
+    values: a request naming another is a 404, so a client or fuzzer reading the document learns
+    which names serve. Built per request (collections come and go); without an answer from the
+    retriever the field keeps its bare name pattern."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = build()
+        try:
+            with RetrieverClient(settings.retriever_url, timeout=2.0) as client:
+                names = sorted(info.name for info in client.collections())
+        except (httpx.HTTPError, ServiceError):
+            return schema
+        if not names:
+            return schema
+        schema = copy.deepcopy(schema)
+        models = schema["components"]["schemas"]
+        for model in COLLECTION_FIELDS:
+            field = models[model]["properties"]["collection"]
+            for branch in field.get("anyOf", [field]):
+                if branch.get("type") == "string":
+                    branch["enum"] = names
+            field["description"] = f"{field.get('description', '')}; one of the retriever's collections"
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def publish_chat_turns(app: FastAPI) -> None:
+    """Once the model is loaded, a chat template that cannot render tool turns (the default model's)
+    leaves them out of the published ChatMessage schema: such a turn is a 400 here, so a client or
+    fuzzer reading the document must not take it for a valid request."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        policy = getattr(app.state, "policy", None)
+        if policy is not None and not renders_tool_turns(policy):
+            turns = schema["components"]["schemas"]["ChatMessage"]["oneOf"]
+            no_calls = turns[0]["properties"]["tool_calls"]
+            turns[:] = [
+                t
+                for t in turns
+                if t["properties"]["role"].get("const") != "tool"
+                and "tool_calls" not in t.get("required", [])
+            ]
+            for turn in turns:
+                turn["properties"]["tool_calls"] = no_calls
+            schema["components"]["schemas"]["ChatMessage"]["description"] += (
+                " The served model's chat template cannot render tool turns: no tool_calls, no tool role."
+            )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def renders_tool_turns(policy: Policy) -> bool:
+    """Whether the served chat template renders an assistant tool call and a tool result."""
+    call = {"id": "call-0", "type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call-0", "content": "result-0"},
+    ]  # fmt: skip
+    try:
+        check_tools_render(policy, messages)
+    except ApiError:
+        return False
+    return True
+
+
+def live_limits(s: PolicySettings) -> Limits:
+    """The POLICY_* limits as the OpenAPI document publishes them (services.app.publish_limits), so
+    a schema-valid request is one this service takes."""
+    steps, chars = {"maximum": s.max_steps}, {"maxLength": s.max_question_chars}
+    tokens, n = {"maximum": s.max_tokens}, {"maximum": s.max_n}
+    return {
+        "AnswerRequest.question": chars, "AnswerRequest.max_steps": steps,
+        "AnswerBatchRequest.questions": {"maxItems": s.max_rollouts}, "AnswerBatchRequest.questions[]": chars,
+        "AnswerBatchRequest.max_steps": steps,
+        "RolloutRequest.questions": {"maxItems": s.max_rollouts},
+        "RolloutRequest.n_samples": {"maximum": s.max_rollouts},
+        "RolloutShape.max_steps": steps, "RolloutShape.token_budget": {"maximum": s.token_budget},
+        "RolloutShape.max_new_tokens_per_step": {"maximum": s.max_new_tokens_per_step},
+        "ChatCompletionRequest.max_tokens": tokens, "ChatCompletionRequest.max_completion_tokens": tokens,
+        "ChatCompletionRequest.n": n, "CompletionRequest.max_tokens": tokens, "CompletionRequest.n": n,
+        "CompletionRequest.prompt": {"maxItems": s.max_n},
+    }  # fmt: skip
 
 
 app = create_app()

@@ -51,9 +51,9 @@ def questions_of(policy: Policy, texts: list[str]) -> list[Question]:
     """The request's questions, stripped and checked as ``/v1/answer`` checks one (index named)."""
     s = policy.settings
     if len(texts) > s.max_rollouts:
-        raise ApiError(
-            413, "batch_too_large",
-            f"{len(texts)} questions in one request; the limit is {s.max_rollouts} (POLICY_MAX_ROLLOUTS); "
+        raise ApiError(  # 422: the published schema states the limit (maxItems)
+            422, "batch_too_large",
+            f"questions: {len(texts)} in one request; the limit is {s.max_rollouts} (POLICY_MAX_ROLLOUTS); "
             "send them in several requests",
         )  # fmt: skip
     out = []

@@ -35,10 +35,11 @@ _DESCRIPTIONS: dict[int | str, str] = {
     400: "invalid or unsupported parameter, or malformed body; 'param' names the field",
     404: "the model is not served here",
     429: "too many generation requests in flight",
-    500: "the service failed; see its log",
     504: "the request ran past POLICY_REQUEST_TIMEOUT_S",
     "4XX": "any other client error (a wrong content type, a method the route lacks ...)",
 }
+# No 500: a crash is a bug to fix, not an answer a client should plan for; it still comes in the
+# envelope (the handler below), while the published responses list only what a client can cause.
 OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": OpenAIErrorResponse, "description": text} for code, text in _DESCRIPTIONS.items()
 }
@@ -82,7 +83,9 @@ def _param(detail: Any) -> str | None:
         return None
     # Drop "body" and the union branch pydantic names in the location ("str", "list[ContentPart]").
     loc = [
-        p for p in detail[0].get("loc", ()) if p != "body" and not re.fullmatch(r"str|int|\w+\[.*\]", str(p))
+        p
+        for p in detail[0].get("loc", ())
+        if p != "body" and not re.fullmatch(r"(constrained-)?(str|int)|\w+\[.*\]", str(p))
     ]
     path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     return path or None

@@ -54,7 +54,7 @@ from services.policy.streaming import Chunks, LiveStream, replay
 
 SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {}}}}
 # /v1/models can only fail as any route can; the generation routes add their own errors.
-openai_router = APIRouter(route_class=OpenAIRoute, responses={k: OPENAI_ERRORS[k] for k in ("4XX", 500)})
+openai_router = APIRouter(route_class=OpenAIRoute, responses={"4XX": OPENAI_ERRORS["4XX"]})
 GENERATION_RESPONSES = SSE_RESPONSE | OPENAI_ERRORS
 
 
@@ -117,7 +117,7 @@ def _chars(prompt: Prompt) -> int:
     return sum(len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or "")) for m in prompt)
 
 
-def _check_tools_render(policy: Policy, messages: list[dict[str, Any]]) -> None:
+def check_tools_render(policy: Policy, messages: list[dict[str, Any]]) -> None:
     """A template that cannot render tool turns, or drops them silently, is a 400 naming the model."""
     tokenizer = policy.engine.tokenizer
     calls = [c["function"]["name"] for m in messages for c in m.get("tool_calls", ())]
@@ -195,6 +195,8 @@ def list_models(policy: PolicyDep) -> ModelList:
 async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> Any:
     """OpenAI chat completions: the model's chat template, then sampling (``stream`` for SSE)."""
     model = _check(policy, body)
+    if body.max_completion_tokens and body.max_tokens:  # both given: each within the limit, the newer wins
+        _sampling(policy.settings, body, body.max_tokens, 256)
     params = _sampling(policy.settings, body, body.max_completion_tokens or body.max_tokens, 256)
     top = body.top_logprobs or 0
     grammar = body.response_format.grammar() if body.response_format else None
@@ -203,7 +205,7 @@ async def chat_completions(body: ChatCompletionRequest, policy: PolicyDep) -> An
         raise _bad("unsupported_parameter", message, "response_format")
     params = replace(params, logprobs=body.logprobs, top_logprobs=top, grammar=grammar)
     messages = [m.template(parse_arguments=policy.settings.engine == "transformers") for m in body.messages]
-    _check_tools_render(policy, messages)
+    check_tools_render(policy, messages)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}

@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from hoprl.domain import SHAPE_DEFAULTS, EpisodeShape
+from hoprl.schemas.policy import MAX_QUESTION_CHARS
 from services.settings import ServiceSettings
 
 EngineName = Literal["auto", "transformers", "vllm", "openai"]
@@ -74,7 +75,12 @@ class PolicySettings(ServiceSettings):
     default_collection: str = Field("default", description="collection when a request names none")
     default_recipe: str = Field("search-r1", description="recipe when a request names none")
 
-    max_question_chars: int = Field(2_000, ge=1)
+    max_question_chars: int = Field(
+        MAX_QUESTION_CHARS,
+        ge=1,
+        le=MAX_QUESTION_CHARS,
+        description="characters in a question (the schema's ceiling at most)",
+    )
     max_prompt_chars: int = Field(32_000, ge=1, description="total message/prompt characters per request")
     max_tokens: int = Field(512, ge=1, description="the largest max_tokens a request may ask for")
     max_n: int = Field(16, ge=1, description="the largest n (choices per request)")

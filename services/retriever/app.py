@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from services.app import create_service_app
+from services.app import create_service_app, publish_limits
 from services.errors import ApiError
 from services.retriever.index import HybridIndex
 from services.retriever.routes import IndexDep, router
@@ -36,7 +36,15 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
             app.state.index.close()
 
     description = "Hybrid (dense + BM25, RRF-fused) search over Qdrant collections."
-    return create_service_app("retriever", description, lifespan, router, ready)
+    app = create_service_app("retriever", description, lifespan, router, ready)
+    queries, chars = {"maxItems": settings.max_queries}, {"maxLength": settings.max_query_chars}
+    top_k = {"maximum": settings.max_top_k}
+    publish_limits(app, {  # the RETRIEVER_MAX_* settings as set (services.app.publish_limits)
+        "SearchRequest.queries": queries, "SearchRequest.queries[]": chars, "SearchRequest.top_k": top_k,
+        "RetrieveRequest.queries": queries, "RetrieveRequest.queries[]": chars, "RetrieveRequest.topk": top_k,
+        "IngestRequest.documents": {"maxItems": settings.max_documents},
+    })  # fmt: skip
+    return app
 
 
 app = create_app()

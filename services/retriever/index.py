@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -54,6 +55,14 @@ class CollectionNotFound(LookupError):
     pass
 
 
+class CollectionInUse(Exception):
+    """A delete of a collection that leases still hold (e.g. a trainer's queued or running jobs)."""
+
+    def __init__(self, name: str, holders: list[str]) -> None:
+        super().__init__(name)
+        self.name, self.holders = name, holders
+
+
 def open_store(settings: RetrieverSettings) -> Store:
     """A Qdrant server when ``QDRANT_URL`` is set, else embedded storage on disk."""
     if settings.qdrant_url:
@@ -80,9 +89,10 @@ class HybridIndex:
     def __init__(self, settings: RetrieverSettings, embedder: TextEncoder | None = None) -> None:
         self.settings = settings
         self.store = open_store(settings)
-        # Collection metadata never changes after creation; a server store would otherwise answer
-        # one extra HTTP call per search for it.
+        # Collection metadata changes only through this index (its leases); a server store would
+        # otherwise answer one extra HTTP call per search for it.
         self._meta: dict[str, dict[str, Any]] = {}
+        self._leases_lock = threading.Lock()  # a lease and a delete never interleave
         self.embedder = embedder or load_embedder(
             settings.embedder,
             backend=settings.embed_backend,
@@ -100,8 +110,9 @@ class HybridIndex:
         self._require(name)
         meta = self.meta(name)
         return CollectionInfo(
-            name=name, points=self.store.count(name), embedder=meta["embedder"], dim=meta["dim"]
-        )
+            name=name, points=self.store.count(name), embedder=meta["embedder"], dim=meta["dim"],
+            leases=list(meta.get("leases", [])),
+        )  # fmt: skip
 
     def collections(self) -> list[CollectionInfo]:
         return [self.info(n) for n in self.store.names()]
@@ -126,9 +137,28 @@ class HybridIndex:
         return self._meta[name]
 
     def delete(self, name: str) -> None:
-        self._require(name)
-        self._meta.pop(name, None)
-        self.store.delete(name)
+        """Delete ``name``; :class:`CollectionInUse` while a lease holds it."""
+        with self._leases_lock:
+            self._require(name)
+            leases = self.meta(name).get("leases", [])
+            if leases:
+                raise CollectionInUse(name, list(leases))
+            self._meta.pop(name, None)
+            self.store.delete(name)
+
+    def lease(self, name: str, holder: str, held: bool = True) -> list[str]:
+        """Mark ``name`` in use by ``holder`` (``held=False``: release the mark); idempotent.
+        The marks live in the collection's metadata, so they outlast a restart. Returns them all."""
+        with self._leases_lock:
+            self._require(name)
+            meta = dict(self.meta(name))
+            leases = set(meta.get("leases", []))
+            updated = sorted(leases | {holder} if held else leases - {holder})
+            if updated != sorted(leases):
+                meta["leases"] = updated
+                self.store.set_meta(name, meta)
+                self._meta[name] = meta
+            return updated
 
     def _require(self, name: str) -> None:
         if not self.store.exists(name):

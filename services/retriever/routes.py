@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path
 
 from hoprl.schemas.retriever import (
+    COLLECTION_NAME,
     CollectionInfo,
     IngestRequest,
     IngestResponse,
@@ -17,10 +18,10 @@ from hoprl.schemas.retriever import (
     SearchResponse,
 )
 from services.errors import ERROR_RESPONSES, ApiError, state_of
-from services.retriever.index import CollectionNotFound, HybridIndex
+from services.retriever.index import CollectionInUse, CollectionNotFound, HybridIndex
 
 router = APIRouter(responses=ERROR_RESPONSES)
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NAME = re.compile(COLLECTION_NAME)
 # The pattern is declared for clients (and the fuzzer); _valid_name checks it with a plainer message.
 CollectionName = Annotated[
     str,
@@ -97,13 +98,63 @@ def create_collection(name: CollectionName, index: IndexDep) -> CollectionInfo:
     return index.create(_valid_name(name))
 
 
-@router.delete("/v1/collections/{name}", operation_id="delete_collection")
+IN_USE: dict[int | str, dict[str, Any]] = {
+    409: {**ERROR_RESPONSES[404], "description": "leases hold the collection (e.g. a trainer's jobs)"}
+}
+LeaseHolder = Annotated[
+    str,
+    Path(
+        description="who holds the lease, e.g. a trainer job's id: letters, digits, '_', '-', '.'",
+        json_schema_extra={"pattern": NAME.pattern},
+    ),
+]
+
+
+@router.delete("/v1/collections/{name}", operation_id="delete_collection", responses=IN_USE)
 def delete_collection(name: CollectionName, index: IndexDep) -> dict[str, str]:
+    """Delete a collection; 409 naming the holders while leases hold it (a trainer's queued or
+    running jobs that train on it)."""
     try:
         index.delete(_valid_name(name))
     except CollectionNotFound:
         raise _not_found(name) from None
+    except CollectionInUse as exc:
+        raise ApiError(
+            409,
+            "collection_in_use",
+            f"collection {name!r} is in use by {', '.join(exc.holders)}; it can be deleted once they end "
+            f"(a trainer releases its jobs' leases itself; DELETE /v1/collections/{name}/leases/<holder> "
+            "releases a stale one)",
+            {"leases": exc.holders},
+        ) from None
     return {"deleted": name}
+
+
+def _lease(name: str, holder: str, index: HybridIndex, held: bool) -> CollectionInfo:
+    if not NAME.match(holder):
+        raise ApiError(
+            422, "invalid_lease_holder", f"lease holder {holder!r} is invalid: use 1-128 letters, digits, "
+            "'_', '-' or '.', starting with a letter or digit",
+        )  # fmt: skip
+    try:
+        index.lease(_valid_name(name), holder, held)
+        return index.info(name)
+    except CollectionNotFound:
+        raise _not_found(name) from None
+
+
+@router.put("/v1/collections/{name}/leases/{holder}", operation_id="lease_collection")
+def lease_collection(name: CollectionName, holder: LeaseHolder, index: IndexDep) -> CollectionInfo:
+    """Mark the collection in use by ``holder`` (idempotent): while any lease holds it, deleting it
+    is a 409. The trainer leases the collection of each job it queues and releases it when the job
+    ends; leases live in the collection's metadata, so a restart keeps them."""
+    return _lease(name, holder, index, held=True)
+
+
+@router.delete("/v1/collections/{name}/leases/{holder}", operation_id="release_collection")
+def release_collection(name: CollectionName, holder: LeaseHolder, index: IndexDep) -> CollectionInfo:
+    """Release ``holder``'s lease (idempotent: releasing one not held changes nothing)."""
+    return _lease(name, holder, index, held=False)
 
 
 @router.post("/v1/collections/{name}/documents", operation_id="ingest_documents", responses=INGESTED)
@@ -112,23 +163,43 @@ def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> Ingest
     limit = index.settings.max_documents
     if len(body.documents) > limit:
         raise ApiError(
-            413, "batch_too_large", f"{len(body.documents)} documents in one request; the limit is {limit}"
+            422,
+            "batch_too_large",
+            f"documents: {len(body.documents)} in one request; the limit is {limit} "
+            "(RETRIEVER_MAX_DOCUMENTS)",
         )
     return index.ingest(_valid_name(name), body.documents)
+
+
+def check_limits(queries: list[str], top_k: int, index: HybridIndex, top_k_field: str) -> None:
+    """422 naming the first request size over its ``RETRIEVER_MAX_*`` setting (published as set)."""
+    s = index.settings
+    if len(queries) > s.max_queries:
+        raise ApiError(
+            422,
+            "batch_too_large",
+            f"queries: {len(queries)} in one request; the limit is {s.max_queries} (RETRIEVER_MAX_QUERIES)",
+        )
+    for i, query in enumerate(queries):
+        if len(query) > s.max_query_chars:
+            raise ApiError(
+                422,
+                "query_too_long",
+                f"queries[{i}]: {len(query)} characters; the limit is {s.max_query_chars} "
+                "(RETRIEVER_MAX_QUERY_CHARS)",
+            )
+    if top_k > s.max_top_k:
+        raise ApiError(
+            422,
+            "top_k_out_of_range",
+            f"{top_k_field} must be between 1 and {s.max_top_k} (RETRIEVER_MAX_TOP_K)",
+        )
 
 
 @router.post("/v1/search", operation_id="search")
 def search(body: SearchRequest, index: IndexDep) -> SearchResponse:
     """Search a batch of queries; ``mode`` is dense, sparse (BM25) or hybrid (RRF of both)."""
-    s = index.settings
-    if len(body.queries) > s.max_queries:
-        raise ApiError(
-            413,
-            "batch_too_large",
-            f"{len(body.queries)} queries in one request; the limit is {s.max_queries}",
-        )
-    if body.top_k > s.max_top_k:
-        raise ApiError(422, "top_k_out_of_range", f"top_k must be between 1 and {s.max_top_k}")
+    check_limits(body.queries, body.top_k, index, "top_k")
     try:
         return index.search(body)
     except CollectionNotFound:
@@ -139,10 +210,8 @@ def search(body: SearchRequest, index: IndexDep) -> SearchResponse:
 def retrieve(body: RetrieveRequest, index: IndexDep) -> RetrieveResponse:
     """Search-R1 compatibility: documents as ``{"id", "contents": '"title"\\ntext'}``."""
     collection = body.collection or index.settings.default_collection
-    try:
-        query = SearchRequest(collection=collection, queries=body.queries, top_k=body.topk, mode="hybrid")
-    except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc).splitlines()[-1].strip()) from None
+    check_limits(body.queries, body.topk, index, "topk")
+    query = SearchRequest(collection=collection, queries=body.queries, top_k=body.topk, mode="hybrid")
     response = search(query, index)
     result: list[list[dict[str, Any]]] = []
     for hits in response.results:

@@ -8,6 +8,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from hoprl.embedding import Backend
+from hoprl.schemas.retriever import MAX_DOCUMENTS, MAX_QUERIES, MAX_QUERY_CHARS, MAX_TOP_K
 from services.settings import ServiceSettings
 
 
@@ -75,9 +76,16 @@ class RetrieverSettings(ServiceSettings):
     prefetch_limit: int = Field(100, ge=1, le=1000, description="candidates per prefetch before fusion")
 
     default_collection: str = Field("default", description="collection for the Search-R1 /retrieve route")
-    max_queries: int = Field(256, ge=1, description="queries per search request")
-    max_documents: int = Field(4096, ge=1, description="documents per ingest request")
-    max_top_k: int = Field(100, ge=1)
+    # The request models publish these ceilings in OpenAPI (hoprl.schemas.retriever); a setting may
+    # lower its limit (413 / 422 naming it), not raise it past what the schema promises.
+    max_queries: int = Field(MAX_QUERIES, ge=1, le=MAX_QUERIES, description="queries per search request")
+    max_query_chars: int = Field(
+        MAX_QUERY_CHARS, ge=1, le=MAX_QUERY_CHARS, description="characters per query (search and /retrieve)"
+    )
+    max_documents: int = Field(
+        MAX_DOCUMENTS, ge=1, le=MAX_DOCUMENTS, description="documents per ingest request"
+    )
+    max_top_k: int = Field(MAX_TOP_K, ge=1, le=MAX_TOP_K, description="hits per query")
 
     @property
     def search_threads(self) -> int:

@@ -84,6 +84,7 @@ class Store(Protocol):
     def exists(self, name: str) -> bool: ...
     def create(self, name: str, dim: int, meta: dict[str, Any]) -> None: ...
     def meta(self, name: str) -> dict[str, Any]: ...
+    def set_meta(self, name: str, meta: dict[str, Any]) -> None: ...
     def delete(self, name: str) -> None: ...
     def count(self, name: str) -> int: ...
     def upsert(self, name: str, points: list[PointIn]) -> None: ...
@@ -172,6 +173,13 @@ class EdgeStore:
     def meta(self, name: str) -> dict[str, Any]:
         return dict(json.loads((self.root / name / "meta.json").read_text()))
 
+    def set_meta(self, name: str, meta: dict[str, Any]) -> None:
+        """Replace meta.json atomically (a rename), so a crash leaves the old or the new one."""
+        with self.lock:
+            folder = self.root / name
+            (folder / "meta.json.tmp").write_text(json.dumps(meta))
+            (folder / "meta.json.tmp").replace(folder / "meta.json")
+
     def delete(self, name: str) -> None:
         with self.lock:
             shard = self.shards.pop(name)
@@ -255,6 +263,9 @@ class ClientStore:
 
     def meta(self, name: str) -> dict[str, Any]:
         return dict(self.client.get_collection(name).config.metadata or {})
+
+    def set_meta(self, name: str, meta: dict[str, Any]) -> None:
+        self.client.update_collection(name, metadata=meta)
 
     def delete(self, name: str) -> None:
         self.client.delete_collection(name)

@@ -42,7 +42,49 @@ def create_app(settings: TrainerSettings | None = None) -> FastAPI:
             app.state.registry.close()
 
     description = "Training jobs (GRPO / DAPO / Dr.GRPO, SFT, PPO, DPO) recorded in the run registry."
-    return create_service_app("trainer", description, lifespan, router, ready)
+    app = create_service_app("trainer", description, lifespan, router, ready)
+    publish_storable(app)
+    return app
+
+
+#: a string the run registry can store: no NUL character (PostgreSQL's text and JSONB refuse it)
+NO_NUL = "^[^\\x00]*$"
+#: the request models the registry stores whole (services.trainer.routes._storable checks them)
+STORED = ("JobRequest", "Hyperparameters", "JudgeSpec")
+
+
+def publish_storable(app: FastAPI) -> None:
+    """Every string of a job request, and every key of its objects, publishes :data:`NO_NUL`: the
+    registry stores the request whole, so a NUL is a 422 (``_storable``), and a document that called
+    it valid would not be the enforced one."""
+    build = app.openapi
+
+    def mark(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                mark(item)
+        if not isinstance(node, dict):
+            return
+        if node.get("type") == "string":
+            if "pattern" in node:
+                node.setdefault("allOf", []).append({"pattern": NO_NUL})
+            else:
+                node["pattern"] = NO_NUL
+        if node.get("type") == "object":
+            node["propertyNames"] = {"pattern": NO_NUL}
+        for value in node.values():
+            mark(value)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        for name in STORED:
+            mark(schema["components"]["schemas"][name])
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 app = create_app()

@@ -7,7 +7,7 @@ A job with ``processes: 1`` (the default) and no ``distributed`` config runs as 
 ``--num_processes`` from the job. Every rank runs the same worker; rank 0 alone writes the
 registry and the checkpoint files (:mod:`hoprl.training.distributed`).
 
-:func:`check_machine` refuses, with a 422 naming the field and the reason, what this trainer's
+:func:`check_machine` refuses, with a 409 naming the field and the reason, what this trainer's
 machine cannot run (``generation: vllm`` without CUDA or the gpu extra, more processes than
 ``TRAINER_MAX_PROCESSES``, DeepSpeed or FSDP without CUDA) and what the job loops cannot split
 over processes or hand to vLLM (R2AG's rounds, PPO, DPO), before the job is queued. EVO-RAG's
@@ -66,11 +66,12 @@ def max_processes(settings: TrainerSettings) -> int:
 
 
 def check_machine(request: JobRequest, hp: Hyperparameters, settings: TrainerSettings) -> None:
-    """422 for what this machine or the job's loop cannot run (module docstring)."""
+    """409 for what this machine or the job's loop cannot run (module docstring): the request is
+    schema-valid, this trainer's machine is what refuses it."""
     problem = machine_problem(request, hp, settings)
     if problem is not None:
         field, code, message = problem
-        raise ApiError(422, code, f"hyperparameters.{field}: {message}")
+        raise ApiError(409, code, f"hyperparameters.{field}: {message}")
 
 
 def machine_problem(

@@ -35,6 +35,7 @@ from pathlib import Path
 from hoprl.registry.models import RunStatus
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters
+from services.trainer.admission import release_collection
 from services.trainer.launch import worker_command
 from services.trainer.settings import TrainerSettings
 
@@ -90,7 +91,8 @@ class JobQueue:
                 # with no pid file here is another run's, live or not, and stays as it is
                 if pid is not None and not alive(pid):
                     log.info("run %s was left running by a stopped service: cancelled", run.id)
-                    self.registry.transition_run(run.id, "cancelled", RUNNING)
+                    if self.registry.transition_run(run.id, "cancelled", RUNNING) is not None:
+                        release_collection(run.id, self.registry, self.settings)
                 continue
             if pid is not None and alive(pid) and self.current is None:
                 log.info("adopting run %s (worker pid %d still alive)", run.id, pid)
@@ -144,13 +146,14 @@ class JobQueue:
         if run is not None and run.status == "running":  # died without a word: resume it
             self.restarts[run_id] = self.restarts.get(run_id, 0) + 1
             how = exit_reason(proc)
-            if self.restarts[run_id] > MAX_RESTARTS:
-                self.registry.set_run_status(
-                    run_id, "failed", error=f"the worker died repeatedly (last: {how}); see worker.log"
-                )
-            else:
+            if self.restarts[run_id] <= MAX_RESTARTS:
                 log.warning("worker of run %s died (%s); queued again to resume", run_id, how)
                 self.registry.set_run_status(run_id, "queued")
+                return True  # it keeps its collection's lease
+            self.registry.set_run_status(
+                run_id, "failed", error=f"the worker died repeatedly (last: {how}); see worker.log"
+            )
+        release_collection(run_id, self.registry, self.settings)  # succeeded, failed or cancelled
         return True
 
     def _launch(self, run_id: str) -> None:
@@ -194,12 +197,16 @@ class JobQueue:
             run = self.registry.get_run(run_id)
             if run is None or run.status not in ("queued", "running"):
                 return False
-            if self.current is not None and self.current[0] == run_id:
+            stopped = self.current is not None and self.current[0] == run_id
+            if self.current is not None and stopped:
                 self._terminate(self.current[1])
                 self._kill_job(run_id, self._pid(run_id) or 0)  # ranks the launcher left behind
                 self.current = None
             # unless the worker recorded its end meanwhile: a finished run keeps its status
-            return self.registry.transition_run(run_id, "cancelled", ("queued", "running")) is not None
+            cancelled = self.registry.transition_run(run_id, "cancelled", ("queued", "running")) is not None
+        if cancelled or stopped:  # either way it has ended, and _finished will not see it
+            release_collection(run_id, self.registry, self.settings)
+        return cancelled
 
     def _kill_job(self, run_id: str, pid: int) -> None:
         """SIGKILL what is left of a job: the worker's process group and its ranks (accelerate's

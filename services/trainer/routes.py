@@ -10,11 +10,11 @@ from fastapi.exceptions import RequestValidationError
 
 from hoprl.judging import judge_flag
 from hoprl.recipes import RECIPES
-from hoprl.registry.models import RunRow
+from hoprl.registry.models import RunRow, RunStatus
 from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Checkpoint, Job, JobCreated, JobRequest, JobStatus
 from services.errors import ERROR_RESPONSES, ApiError, find_value, state_of
-from services.trainer.admission import admit
+from services.trainer.admission import admit, hold_collection
 from services.trainer.jobs import submit
 from services.trainer.queue import JobQueue
 
@@ -27,6 +27,18 @@ JOB_LINKS = {
 }
 CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {**ERROR_RESPONSES[404], "description": "the job already finished"}
+}
+QUEUED: tuple[RunStatus, ...] = ("queued",)
+#: seconds a client told "the queue is full" (429) waits before it asks again
+RETRY_AFTER_S = 60
+CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
+    201: {"description": "the job is queued", "links": JOB_LINKS},
+    403: {**ERROR_RESPONSES[404], "description": "a path outside the folders the trainer may read"},
+    409: {
+        **ERROR_RESPONSES[404],
+        "description": "this trainer's limits, machine or files cannot run the job",
+    },
+    429: {**ERROR_RESPONSES[404], "description": "TRAINER_MAX_QUEUED_JOBS jobs are queued (Retry-After)"},
 }
 
 
@@ -97,12 +109,33 @@ def job_view(run: RunRow, registry: Registry) -> Job:
     )  # fmt: skip
 
 
-@router.post("/v1/jobs", operation_id="create_job", status_code=201,
-             responses={201: {"description": "the job is queued", "links": JOB_LINKS}})  # fmt: skip
+def _queue_has_room(registry: Registry, limit: int) -> None:
+    """429 with Retry-After while ``limit`` jobs are queued (TRAINER_MAX_QUEUED_JOBS)."""
+    queued = len(registry.list_runs(status="queued", limit=limit, kind="job"))
+    if queued >= limit:
+        raise ApiError(
+            429, "queue_full",
+            f"{queued} jobs are queued, the limit (TRAINER_MAX_QUEUED_JOBS = {limit}); retry after "
+            f"{RETRY_AFTER_S} s or cancel a queued job",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )  # fmt: skip
+
+
+@router.post("/v1/jobs", operation_id="create_job", status_code=201, responses=CREATE_ERRORS)
 def create_job(body: JobRequest, registry: RegistryDep, queue: QueueDep) -> JobCreated:
-    """Queue a training job; it starts when the trainer is free (one job at a time)."""
+    """Queue a training job; it starts when the trainer is free (one job at a time). A job that
+    names a collection leases it in the retriever until it ends (services.trainer.admission)."""
     _validate(body, registry)
-    run = submit(registry, admit(body, queue.settings, registry))
+    admitted = admit(body, queue.settings, registry)
+    _queue_has_room(registry, queue.settings.max_queued_jobs)
+    run = submit(registry, admitted)
+    if admitted.collection:
+        try:
+            hold_collection(admitted.collection, run.id, queue.settings)
+        except ApiError:
+            error = "its collection could not be leased"
+            registry.transition_run(run.id, "cancelled", QUEUED, error=error)
+            raise
     return JobCreated(id=run.id, status=run.status)
 
 

@@ -84,7 +84,12 @@ class TrainerSettings(ServiceSettings):
         "model_cache's folder too); default: the flows' runs folder",
     )
 
-    # Limits per job: a request over one is a 422 naming the setting.
+    max_queued_jobs: int = Field(
+        64,
+        ge=1,
+        description="jobs waiting in the queue at most; POST /v1/jobs beyond it is a 429 (Retry-After)",
+    )
+    # Limits per job: a request over one is a 409 naming the setting.
     max_steps: int = Field(10_000, ge=1, description="optimizer steps per job")
     max_questions_per_step: int = Field(512, ge=1, description="questions (GRPO groups) per step")
     max_num_generations: int = Field(64, ge=2, description="samples per question (the group size)")

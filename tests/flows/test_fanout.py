@@ -213,7 +213,7 @@ def test_eager_judge_items_are_cached_by_key(judge_url: str, run_id: str) -> Non
     out = fan_out(units, timeout=60)
     assert [r["verdict"] for r in out] == [True, False, True, True]
     assert [r["unit_cached"] for r in out] == [False, False, False, True]
-    assert out[3]["rationale"] == out[0]["rationale"] and out[0]["version"] == "rules@2"
+    assert out[3]["rationale"] == out[0]["rationale"] and out[0]["version"] == "rules@3"
     with pytest.raises(ValueError, match="valid: answer, answerable"):
         judge_item.s(run_id, "q4", "grade", answer, judge_url).apply().get()
 

@@ -115,7 +115,7 @@ def write(tmp_path: Path, text: str) -> Path:
             True,
             "unknown key 'hyperparameters.gpus'",
         ),
-        ("recipe: search-r1\nsteps: many\n", False, "steps: Input should be a valid integer"),
+        ("recipe: search-r1\nsteps: many\n", False, "steps: Input should be a JSON number"),
         ("recipe: search-r1\nhyperparameters:\n  generation: tpu\n", False, "hyperparameters.generation"),
         ("recipe: search-r1\n", True, "has no `small:` section"),
         ("recipe: [search-r1\n", False, "is not valid YAML"),
@@ -177,3 +177,12 @@ def test_accelerate_launch_reads_the_config(name: str, kind: str) -> None:
     assert getattr(args, kind) and args.num_processes == 2 and args.mixed_precision == "bf16"
     if name.startswith("zero"):
         assert args.zero_stage == int(name[-1])
+
+
+def test_a_learning_rate_in_e_notation_is_a_number(tmp_path: Path) -> None:
+    """PyYAML reads ``1e-6`` as the string "1e-6" (YAML 1.1 wants a dot); job requests take JSON's
+    numbers only, so the loader reads it as YAML 1.2 does: a float."""
+    path = tmp_path / "job.yaml"
+    path.write_text("recipe: search-r1\nsteps: 1e2\nhyperparameters:\n  learning_rate: 1e-6\n")
+    request = load_config(path)
+    assert (request.steps, request.hyperparameters.learning_rate) == (100, 1e-6)

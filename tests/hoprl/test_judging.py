@@ -56,9 +56,14 @@ HOTPOT_DEV = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "h
         ("yes", ["no"], False, 0.0, "no match"),  # yes/no only score on equality
         # -- edge -----------------------------------------------------------------------------------
         ("Paris", [], False, 0.0, "unanswerable"),
-        ("", ["Paris"], False, 0.0, "no match"),
-        ("...", ["Paris"], False, 0.0, "no match"),
-        ("Paris", ["..."], False, 0.0, "no match"),  # a reference that normalises to nothing
+        ("", ["Paris"], False, 0.0, "empty"),
+        ("...", ["Paris"], False, 0.0, "empty"),
+        ("Paris", ["..."], False, 0.0, "empty"),  # a reference that normalises to nothing
+        # nothing never matches nothing (the official EM scores these 1.0: "" == "")
+        ("the", ["a"], False, 0.0, "prediction is empty"),
+        ("!!!", ["???"], False, 0.0, "prediction is empty"),
+        ("\x00", ["\x00"], False, 0.0, "prediction is empty"),
+        ("An.", ["the", "Paris"], False, 0.0, "prediction is empty"),
     ],
 )
 def test_answer(prediction: str, references: list[str], verdict: bool, score: float, rule: str) -> None:
@@ -66,7 +71,13 @@ def test_answer(prediction: str, references: list[str], verdict: bool, score: fl
     assert v.verdict is verdict
     assert v.score == pytest.approx(score)
     assert rule in v.rationale
-    assert (v.backend, v.version) == ("rules", "rules@2") == ("rules", RULES_VERSION)
+    assert (v.backend, v.version) == ("rules", "rules@3") == ("rules", RULES_VERSION)
+
+
+def test_official_em_still_matches_empty_with_empty() -> None:
+    """The official EM compares normalised strings ("" == ""); the judge above does not."""
+    assert exact_match("the", ["a"]) == 1.0 and exact_match("!!!", ["???"]) == 1.0
+    assert f1("the", ["a"]) == 0.0
 
 
 def test_official_em_and_f1_do_not_fold_accents() -> None:

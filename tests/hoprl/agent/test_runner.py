@@ -200,3 +200,11 @@ def test_timeout_keeps_the_steps_so_far(url: str) -> None:
     assert ep.outcome == "timeout" and 1 <= len(ep.steps) < 3
     assert all(s.action == "search" and s.docs for s in ep.steps)
     assert ep.timings["total"] < 1.5
+
+
+def test_a_blank_query_finds_nothing_and_the_episode_goes_on(url: str) -> None:
+    """``<search> </search>`` used to reach the retriever, whose 422 (no visible character) failed
+    the episode (a 502 from /v1/rollouts); a blank query finds no documents now."""
+    ep, _ = episode(url, ["<think>t</think><search> \x00 </search>", ANSWER])
+    assert (ep.outcome, ep.final_answer) == ("answer", "Jane Roe"), ep
+    assert ep.steps[0].action == "search" and ep.steps[0].docs == [[]]

@@ -26,7 +26,11 @@ ANSWER_TABLE = [
     ("Paris", ["City of Light", "Paris"], True, 1.0, "normalised exact match"),  # an alias
     ("Jane Marie Roe", ["Jane Roe"], True, 0.8, "token F1 0.80 >= 0.8"),
     ("Lyon", ["Paris"], False, 0.0, "token F1 0.00 < 0.8"),
-    ("", ["Paris"], False, 0.0, "token F1 0.00 < 0.8"),  # an empty prediction is allowed, and wrong
+    ("", ["Paris"], False, 0.0, "the prediction is empty"),  # an empty prediction is allowed, and wrong
+    # nothing never matches nothing over HTTP either (these were "normalised exact match", verdict true)
+    ("the", ["a"], False, 0.0, "the prediction is empty after normalisation"),
+    ("!!!", ["???"], False, 0.0, "the prediction is empty after normalisation"),
+    ("\x00", ["\x00"], False, 0.0, "the prediction is empty after normalisation"),
     ("Pedro Rodriguez", ["Pedro Rodríguez"], True, 1.0, "normalised exact match"),  # accents folded
     ("not Paris", ["Paris"], False, 2 / 3, "a reference occurs only after a negation"),  # P 1/2, R 1
 ]
@@ -136,11 +140,14 @@ def test_bad_input_is_a_4xx_json_body_naming_the_problem(
     assert response.json()["error"] == error and names in response.json()["message"]
 
 
-def test_oversized_batch_is_413() -> None:
+def test_oversized_batch_is_422_and_the_limit_is_published() -> None:
+    """JUDGE_MAX_BATCH as set is the document's maxItems, so a batch over it breaks the schema: 422."""
     with judge_service(max_batch=2) as url:
+        spec = httpx.get(f"{url}/openapi.json").json()
+        assert spec["components"]["schemas"]["AnswerRequest"]["properties"]["items"]["maxItems"] == 2
         items = [{"prediction": "x", "references": ["x"]}] * 3
         response = httpx.post(f"{url}/v1/judge/answer", json={"items": items})
-        assert response.status_code == 413
+        assert response.status_code == 422
         assert (
             response.json()["error"] == "batch_too_large" and "JUDGE_MAX_BATCH" in response.json()["message"]
         )

@@ -69,3 +69,25 @@ def test_switch_serves_the_new_weights(indexed: str, model_path: str, tmp_path: 
         after = httpx.post(f"{server.url}/v1/completions", json=prompt).json()["choices"][0]
         assert httpx.get(f"{server.url}/v1/models").json()["data"][0]["root"] == str(new.resolve())
     assert after["logprobs"]["token_logprobs"] != before["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize("body", [b"{}", b"{", b'{"path": 1}', b'{"nope": true}'])
+@pytest.mark.parametrize(
+    ("headers", "status", "error"),
+    [({}, 401, "unauthorized"), ({"Authorization": "Bearer wrong"}, 403, "forbidden")],
+)
+def test_credentials_before_the_body(
+    policy_url: str, body: bytes, headers: dict[str, str], status: int, error: str
+) -> None:
+    """The token is checked before the body is read: without it, a broken or incomplete body gets the
+    same 401 / 403 as a good one (it used to be a 422 naming the missing field, or a 400), so the
+    route's shape is not revealed to a caller without the token (docs/security.md)."""
+    headers = headers | {"Content-Type": "application/json"}
+    response = httpx.post(f"{policy_url}{ROUTE}", content=body, headers=headers)
+    assert (response.status_code, response.json()["error"]) == (status, error), response.text
+    assert "path" not in response.json()["message"]
+
+
+def test_an_unknown_admin_path_is_refused_alike(policy_url: str) -> None:
+    """Nor does an unauthenticated caller learn which admin routes exist: 401, not 404."""
+    assert httpx.post(f"{policy_url}/v1/admin/nothing-here", json={}).status_code == 401

@@ -73,11 +73,37 @@ def test_answer_without_trace_omits_steps(policy_url: str) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "error", "names"),
     [
-        ({"question": "  "}, 422, "empty_question", "empty"),
+        ({"question": "  "}, 422, "invalid_request", "question: must hold at least one visible character"),
+        ({"question": "\x00\x00"}, 422, "invalid_request", "visible character"),  # answered after 16.8 s
+        (
+            {"question": "q?", "max_steps": "2"},
+            422,
+            "invalid_request",
+            "max_steps: Input should be a JSON number",
+        ),
+        (
+            {"question": "q?", "return_trace": 1},
+            422,
+            "invalid_request",
+            "return_trace: Input should be true or false",
+        ),
+        ({"question": "q?", "seed": 2**53}, 422, "invalid_request", "seed"),
+        (
+            {"question": "q?", "recipe": "search-r1", "paragraphs": [{"title": "t", "text": "x"}]},
+            422,
+            "invalid_request",
+            "recipe 'search-r1' searches its collection",
+        ),
+        (
+            {"question": "q?", "paragraphs": [{"title": "t", "text": "x"}]},
+            422,
+            "invalid_request",
+            "the default recipe (POLICY_DEFAULT_RECIPE)",
+        ),
         ({"question": "x" * 301}, 422, "question_chars_too_large", "300"),
         ({"question": "q?", "recipe": "magic"}, 422, "unknown_recipe", "naive-rag"),
         ({"question": "q?", "collection": "nope"}, 404, "collection_not_found", "'nope'"),
-        ({"question": "q?", "collection": "bad name!"}, 422, "invalid_collection", "bad name!"),
+        ({"question": "q?", "collection": "bad name!"}, 422, "invalid_request", "collection"),
         ({"question": "q?", "max_steps": 50}, 422, "max_steps_too_large", "POLICY_MAX_STEPS"),
         ({"question": "q?", "max_steps": 0}, 422, "invalid_request", "max_steps"),
         ({"question": "q?", "colection": "typo"}, 422, "invalid_request", "colection"),

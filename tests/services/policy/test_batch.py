@@ -135,9 +135,9 @@ def test_repeatable_evaluation_scores_the_same_twice(
         ({"questions": []}, 422, "invalid_request", "questions"),
         ({}, 422, "invalid_request", "questions"),
         ({"questions": "one?"}, 422, "invalid_request", "questions"),
-        ({"questions": ["ok?", "  "]}, 422, "empty_question", "questions[1]"),
+        ({"questions": ["ok?", "  "]}, 422, "invalid_request", "questions.1: must hold at least one visible"),
         ({"questions": ["ok?", "x" * 201]}, 422, "question_chars_too_large", "questions[1]"),
-        ({"questions": ["q?"] * 7}, 413, "batch_too_large", "POLICY_MAX_ROLLOUTS"),
+        ({"questions": ["q?"] * 7}, 422, "batch_too_large", "POLICY_MAX_ROLLOUTS"),  # the schema's maxItems
         ({"questions": ["q?"], "recipe": "magic"}, 422, "unknown_recipe", "naive-rag"),
         ({"questions": ["q?"], "collection": "nope"}, 404, "collection_not_found", "'nope'"),
         ({"questions": ["q?"], "max_steps": 50}, 422, "max_steps_too_large", "POLICY_MAX_STEPS"),

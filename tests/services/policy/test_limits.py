@@ -30,8 +30,10 @@ def question(text: str = "Who founded Acme Records?", paragraphs: int = 0, chars
 
 
 def test_rollout_sizes_are_bounded_by_named_settings(policy_url: str) -> None:
-    too_many = rollouts(policy_url, [question()] * 3, n_samples=3)  # 9 episodes > 8
-    assert too_many.status_code == 413 and "POLICY_MAX_ROLLOUTS" in too_many.json()["message"]
+    too_many = rollouts(policy_url, [question()] * 3, n_samples=3)  # 9 episodes > 8, each factor <= 8
+    assert too_many.status_code == 409 and "POLICY_MAX_ROLLOUTS" in too_many.json()["message"]
+    too_many_samples = rollouts(policy_url, [question()], n_samples=9)  # past the schema's maximum
+    assert too_many_samples.status_code == 422 and "POLICY_MAX_ROLLOUTS" in too_many_samples.json()["message"]
     long_question = rollouts(policy_url, [question("why? " * 61)])  # 305 characters > 300
     body = long_question.json()
     assert (long_question.status_code, body["error"]) == (422, "question_chars_too_large")

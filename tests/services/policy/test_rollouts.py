@@ -66,7 +66,7 @@ def test_rollouts_reject_too_many_and_bad_limits(policy_url: str) -> None:
     body = {"questions": [q.model_dump() for q in QUESTIONS], "recipe": "search-r1", "collection": COLLECTION,
             "sampling": one_step}  # fmt: skip
     too_many = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "n_samples": 5})
-    assert too_many.status_code == 413 and too_many.json()["error"] == "batch_too_large"
+    assert too_many.status_code == 409 and too_many.json()["error"] == "batch_too_large"
     too_long = shape(max_steps=1, max_new_tokens_per_step=999, token_budget=1024).model_dump(mode="json")
     long_steps = httpx.post(f"{policy_url}/v1/rollouts", json={**body, "sampling": {"shape": too_long}})
     assert long_steps.status_code == 422 and "POLICY_MAX_NEW_TOKENS_PER_STEP" in long_steps.json()["message"]

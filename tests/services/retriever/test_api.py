@@ -128,6 +128,7 @@ def test_filter_restricts_to_payload(service: str) -> None:
         ({"kind": ["company", 1]}, '"company", 1'),
         ({"kind": [None]}, "[null]"),
         ({"kind": 2**63}, str(2**63)),
+        ({"kind": 2**53}, str(2**53)),  # past I-JSON's safe integers (the schema's maximum)
         ({"": "company"}, "''"),
         ({"the kind": "company"}, "'the kind'"),
         ({"kind.": "company"}, "'kind.'"),
@@ -177,8 +178,15 @@ def test_collections_list_create_delete(service: str) -> None:
         ({"collection": "tiny", "queries": ["x"], "top_k": 101}, 422, "invalid_request"),
         ({"collection": "tiny", "queries": ["x"], "mode": "bm42"}, 422, "invalid_request"),
         ({"collection": "nope", "queries": ["x"]}, 404, "collection_not_found"),
-        ({"collection": "tiny", "queries": ["x"] * 257}, 413, "batch_too_large"),
+        ({"collection": "tiny", "queries": ["x"] * 257}, 422, "invalid_request"),  # past the schema's 256
         ({"collection": "tiny", "queries": ["x"], "surprise": 1}, 422, "invalid_request"),
+        # not even one visible character, too long, or a type the schema does not name
+        ({"collection": "tiny", "queries": ["\x00\x00"]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["\t\u3000\n"]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x" * 8193]}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "top_k": "5"}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "top_k": True}, 422, "invalid_request"),
+        ({"collection": "tiny", "queries": ["x"], "feedback": 0}, 422, "invalid_request"),
     ],
 )
 def test_bad_search_input_is_a_json_4xx(service: str, body: dict, status: int, error: str) -> None:
@@ -203,7 +211,8 @@ def test_bad_ingest_loses_nothing(service: str) -> None:
     """A rejected batch writes nothing: the collection keeps exactly what it had."""
     too_many = {"documents": [{"id": f"d{i}", "text": "x"} for i in range(4097)]}
     empty_text = {"documents": [{"id": "ok", "text": "fine"}, {"id": "bad", "text": ""}]}
-    for body, status in [(too_many, 413), (empty_text, 422), ({"documents": []}, 422)]:
+    nul_text = {"documents": [{"id": "ok", "text": "fine"}, {"id": "bad", "text": "\x00\x00 "}]}
+    for body, status in [(too_many, 422), (empty_text, 422), (nul_text, 422), ({"documents": []}, 422)]:
         response = httpx.post(f"{service}/v1/collections/tiny/documents", json=body)
         assert response.status_code == status, response.text
     with RetrieverClient(service) as client:
@@ -219,6 +228,62 @@ def test_search_r1_retrieve_route(service: str) -> None:
     assert plain[0][0]["id"] == "acme"
     missing = httpx.post(f"{service}/retrieve", json={"queries": ["x"]})
     assert missing.status_code == 404 and missing.json()["error"] == "collection_not_found"
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"queries": [""]}, "queries.0: String should have at least 1 character"),
+        ({"queries": ["ok", " \x00 "]}, "queries.1: must hold at least one visible character"),
+        ({"queries": ["x"], "topk": "3"}, "topk: Input should be a JSON number, not str"),
+    ],
+)
+def test_search_r1_route_names_what_is_wrong(service: str, body: dict, where: str) -> None:
+    """``/retrieve {"queries": [""]}`` answered 422 with pydantic's URL line as its only message and
+    ``detail: null``; it names the field and the rule now, with the error list in ``detail``."""
+    response = httpx.post(f"{service}/retrieve", json=body | {"collection": "tiny"})
+    assert response.status_code == 422, response.text
+    assert response.json()["message"].startswith(where) and response.json()["detail"], response.text
+
+
+def test_lowered_size_limits_name_their_settings(tmp_path: Path) -> None:
+    """Each RETRIEVER_MAX_* setting lowers its limit below the schema's ceiling, on /v1/search and
+    on /retrieve alike; the document publishes it, and the 422 names the field, the limit and the
+    setting."""
+    limits = {"max_queries": 2, "max_query_chars": 10, "max_top_k": 3, "max_documents": 1}
+    app = create_app(RetrieverSettings(storage_path=tmp_path / "unused", **limits))
+    client = TestClient(app)
+    index = HybridIndex(RetrieverSettings(storage_path=tmp_path / "own", **limits))
+    try:
+        index.ingest("own", CORPUS[:2])
+        app.dependency_overrides[index_of] = lambda: index
+        cases = [
+            ("/v1/search", {"queries": ["a", "b", "c"]}, 422,
+             "queries: 3 in one request; the limit is 2 (RETRIEVER_MAX_QUERIES)"),
+            ("/v1/search", {"queries": ["a", "x" * 11]}, 422,
+             "queries[1]: 11 characters; the limit is 10 (RETRIEVER_MAX_QUERY_CHARS)"),
+            ("/v1/search", {"queries": ["a"], "top_k": 4}, 422,
+             "top_k must be between 1 and 3 (RETRIEVER_MAX_TOP_K)"),
+            ("/retrieve", {"queries": ["x" * 11]}, 422, "queries[0]: 11 characters; the limit is 10"),
+            ("/retrieve", {"queries": ["a"], "topk": 4}, 422,
+             "topk must be between 1 and 3 (RETRIEVER_MAX_TOP_K)"),
+        ]  # fmt: skip
+        for path, body, status, message in cases:
+            response = client.post(path, json=body | {"collection": "own"})
+            assert (response.status_code, response.json()["message"][: len(message)]) == (status, message)
+        fits = client.post(
+            "/v1/search", json={"collection": "own", "queries": ["Acme", "x" * 10], "top_k": 3}
+        )
+        assert fits.status_code == 200, fits.text
+        docs = {"documents": [d.model_dump() for d in CORPUS[:2]]}
+        too_many = client.post("/v1/collections/own/documents", json=docs)
+        assert too_many.status_code == 422 and "(RETRIEVER_MAX_DOCUMENTS)" in too_many.json()["message"]
+        spec = client.get("/openapi.json").json()["components"]["schemas"]  # the settings, as set
+        assert spec["SearchRequest"]["properties"]["queries"]["maxItems"] == 2
+        assert spec["SearchRequest"]["properties"]["queries"]["items"]["maxLength"] == 10
+        assert spec["RetrieveRequest"]["properties"]["topk"]["maximum"] == 3
+    finally:
+        index.close()
 
 
 def test_routes_take_the_index_through_a_dependency(tmp_path: Path) -> None:
@@ -242,3 +307,25 @@ def test_routes_take_the_index_through_a_dependency(tmp_path: Path) -> None:
         assert client.get("/readyz").json()["collections"] == 1
     finally:
         index.close()
+
+
+def test_a_leased_collection_cannot_be_deleted(service: str) -> None:
+    """A lease (a trainer's queued or running job) holds the collection: DELETE is a 409 naming the
+    holders until each releases it; leasing and releasing are idempotent, a missing collection 404."""
+    with RetrieverClient(service) as client:
+        client.ingest("leased", CORPUS[:2])
+        assert client.lease("leased", "job-aaa").leases == ["job-aaa"]
+        assert client.lease("leased", "job-bbb").leases == client.lease("leased", "job-bbb").leases
+        refused = httpx.delete(f"{service}/v1/collections/leased")
+        assert (refused.status_code, refused.json()["error"]) == (409, "collection_in_use"), refused.text
+        assert "job-aaa, job-bbb" in refused.json()["message"]
+        assert refused.json()["detail"] == {"leases": ["job-aaa", "job-bbb"]}
+        assert client.info("leased").leases == ["job-aaa", "job-bbb"]
+        assert client.search("leased", ["Acme"], top_k=1)[0]  # a lease keeps the collection usable
+        client.lease("leased", "job-aaa", held=False)
+        assert client.lease("leased", "job-aaa", held=False).leases == ["job-bbb"]
+        assert httpx.delete(f"{service}/v1/collections/leased").status_code == 409
+        client.lease("leased", "job-bbb", held=False)
+        client.delete("leased")
+    missing = httpx.put(f"{service}/v1/collections/leased/leases/job-aaa")
+    assert (missing.status_code, missing.json()["error"]) == (404, "collection_not_found")

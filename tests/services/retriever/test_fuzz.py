@@ -18,6 +18,8 @@ def restore(url: str) -> Callable[[], None]:
     def reset() -> None:
         with RetrieverClient(url) as client:
             for info in client.collections():
+                for holder in info.leases:  # a scenario may have leased it
+                    client.lease(info.name, holder, held=False)
                 if info.name != "tiny":
                     client.delete(info.name)
             client.ingest("tiny", CORPUS)

@@ -23,9 +23,11 @@ def test_index_survives_restart(tmp_path: Path, engine: str) -> None:
     settings = RetrieverSettings(storage_path=tmp_path, engine=engine)
     with LocalServer(create_app(settings)) as server, RetrieverClient(server.url) as client:
         client.ingest("keep", CORPUS)
+        client.lease("keep", "job-held")
         before = client.search("keep", ["Who founded Acme Records?"], top_k=3)[0]
     with LocalServer(create_app(settings)) as server, RetrieverClient(server.url) as client:
         assert {c.name: c.points for c in client.collections()} == {"keep": len(CORPUS)}
+        assert client.info("keep").leases == ["job-held"]  # a lease outlasts the restart
         after = client.search("keep", ["Who founded Acme Records?"], top_k=3)[0]
     assert [h.id for h in after] == [h.id for h in before]
 

@@ -12,7 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from huggingface_hub import constants
 
+from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.jsonl import DataError, load_questions, write_questions
 from hoprl.domain import Question
 from hoprl.registry.store import Registry
@@ -74,13 +76,13 @@ def test_datasets_must_resolve_inside_the_data_roots(trainer: httpx.Client, root
     for dataset in refused:
         response = post(trainer, dataset=dataset)
         body = response.json()
-        assert (response.status_code, body["error"]) == (422, "path_not_allowed"), (dataset, body)
+        assert (response.status_code, body["error"]) == (403, "path_not_allowed"), (dataset, body)
         assert "TRAINER_DATA_ROOTS" in body["message"]
         assert SECRET not in response.text and "root:" not in response.text
     missing = post(trainer, dataset=str(roots["data"] / "none.jsonl"))
     assert (missing.status_code, missing.json()["error"]) == (404, "dataset_not_found")
     unknown = post(trainer, dataset="no-such-benchmark")
-    assert (unknown.status_code, unknown.json()["error"]) == (422, "unknown_dataset")
+    assert (unknown.status_code, unknown.json()["error"]) == (404, "unknown_dataset")
     for dataset in ("synthetic:0:2", "hotpotqa", "paper:evo-rag", str(roots["data"] / "train.jsonl")):
         assert post(trainer, dataset=dataset).status_code == 201, dataset
 
@@ -97,17 +99,31 @@ def test_the_admitted_path_is_the_one_stored(trainer: httpx.Client, roots: dict[
         assert run.config["request"]["dataset"] == str((roots["data"] / "train.jsonl").resolve())
 
 
+def hub_cache(root: Path, repo: str) -> Path:
+    """A Hugging Face cache holding ``repo``'s config.json, laid out as huggingface_hub writes it."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0" * 40)
+    (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (folder / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+    return root
+
+
 def test_models_and_checkpoints_must_be_hub_ids_jobs_or_folders_inside_the_roots(
-    trainer: httpx.Client, roots: dict[str, Path]
+    trainer: httpx.Client, roots: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the hub id below is in this (real, on-disk) cache; the machine need not reach the hub
+    monkeypatch.setattr(
+        constants, "HF_HUB_CACHE", str(hub_cache(roots["tmp"] / "hf", "HuggingFaceTB/SmolLM2-135M-Instruct"))
+    )
     cases = [
-        ({"model": "/etc"}, 422, "path_not_allowed"),
-        ({"model": "gpt2"}, 422, "path_not_allowed"),  # a bare name is a relative folder, not a hub id
-        ({"model": "../../../../etc"}, 422, "path_not_allowed"),
-        ({"model": str(roots["models"] / "empty")}, 422, "not_a_checkpoint"),
+        ({"model": "/etc"}, 403, "path_not_allowed"),
+        ({"model": "gpt2"}, 403, "path_not_allowed"),  # a bare name is a relative folder, not a hub id
+        ({"model": "../../../../etc"}, 403, "path_not_allowed"),
+        ({"model": str(roots["models"] / "empty")}, 409, "not_a_checkpoint"),
         ({"model": str(roots["models"] / "none")}, 404, "checkpoint_not_found"),
-        ({"resume_from": "../../../../etc"}, 422, "path_not_allowed"),
-        ({"resume_from": "/etc"}, 422, "path_not_allowed"),
+        ({"resume_from": "../../../../etc"}, 403, "path_not_allowed"),
+        ({"resume_from": "/etc"}, 403, "path_not_allowed"),
         (
             {"resume_from": str(roots["tmp"] / "runs" / "job-none" / "checkpoint-1")},
             404,
@@ -178,7 +194,7 @@ def request(fields: dict[str, Any]) -> dict[str, Any]:
     return {"hyperparameters": hp} | ({"steps": fields["steps"]} if "steps" in fields else {})
 
 
-def test_sizes_over_their_limit_are_422_naming_the_setting(roots: dict[str, Path]) -> None:
+def test_sizes_over_their_limit_are_409_naming_the_setting(roots: dict[str, Path]) -> None:
     with (
         LocalServer(create_app(make_settings(roots, **LIMITS))) as server,
         httpx.Client(base_url=server.url) as http,
@@ -186,7 +202,7 @@ def test_sizes_over_their_limit_are_422_naming_the_setting(roots: dict[str, Path
         for fields, error, setting in OVER:
             response = post(http, **request(fields))
             body = response.json()
-            assert (response.status_code, body["error"]) == (422, error), (fields, body)
+            assert (response.status_code, body["error"]) == (409, error), (fields, body)
             assert setting in body["message"], body
         assert post(http, **request({"steps": 30, **DYNAMIC})).status_code == 201  # 1,966,080 tokens
 
@@ -210,5 +226,78 @@ def test_one_sample_a_question_is_ppo_only(trainer: httpx.Client) -> None:
 
 def test_default_limits_refuse_a_million_steps(trainer: httpx.Client) -> None:
     response = post(trainer, steps=1_000_000)
-    assert response.status_code == 422 and "TRAINER_MAX_STEPS" in response.json()["message"]
+    assert response.status_code == 409 and "TRAINER_MAX_STEPS" in response.json()["message"]
     assert post(trainer, steps=10_000).status_code == 201
+
+
+def test_a_model_that_cannot_be_loaded_is_refused_at_the_door(
+    trainer: httpx.Client, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An unknown hub id was queued and failed ~40 s into the job (trying the hub); it is a 404 now
+    when the hub cannot have it (offline, not cached), a 503 while the hub cannot be asked."""
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    response = post(trainer, model="nobody-at-all/no-such-model")
+    assert (response.status_code, response.json()["error"]) == (404, "model_not_found"), response.text
+    assert "'nobody-at-all/no-such-model'" in response.json()["message"]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    online = post(trainer, model="nobody-at-all/no-such-model")
+    assert online.status_code in (404, 503) and "nobody-at-all/no-such-model" in online.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "count"),
+    [
+        ({"hyperparameters": {"max_train_questions": 1, "questions_per_step": 2}}, 1),
+        # train.jsonl holds 8 questions, 2 of them kept back for dev (a quarter): 6 < 7
+        ({"dataset": "train.jsonl", "hyperparameters": {"questions_per_step": 7}}, 6),
+    ],
+)
+def test_a_job_that_cannot_fill_one_step_is_a_409(
+    trainer: httpx.Client, roots: dict[str, Path], fields: dict[str, Any], count: int
+) -> None:
+    """It was queued and failed in the worker ("1 training questions cannot fill one step")."""
+    if "dataset" in fields:
+        fields = fields | {"dataset": str(roots["data"] / fields["dataset"])}
+    response = post(trainer, **fields)
+    assert (response.status_code, response.json()["error"]) == (409, "job_cannot_run"), response.text
+    assert f"the job has {count} training question" in response.json()["message"]
+    fits = {**fields, "hyperparameters": {**fields["hyperparameters"], "questions_per_step": count}}
+    assert post(trainer, **fits).status_code == 201
+
+
+def test_the_queue_is_bounded(roots: dict[str, Path]) -> None:
+    """TRAINER_MAX_QUEUED_JOBS jobs wait at most; one more is a 429 with Retry-After, and a
+    cancelled job makes room again."""
+    with (
+        LocalServer(create_app(make_settings(roots, max_queued_jobs=2))) as server,
+        httpx.Client(base_url=server.url) as http,
+    ):
+        first, _ = post(http).json()["id"], post(http).json()["id"]
+        full = post(http)
+        assert (full.status_code, full.json()["error"]) == (429, "queue_full"), full.text
+        assert full.headers["retry-after"] == "60" and "TRAINER_MAX_QUEUED_JOBS = 2" in full.json()["message"]
+        assert http.post(f"/v1/jobs/{first}/cancel").status_code == 200
+        assert post(http).status_code == 201
+
+
+def test_a_job_leases_its_collection_until_it_ends(
+    roots: dict[str, Path], retriever_url: str, collection: str
+) -> None:
+    """An unknown collection is a 404 at submission (it used to fail in the job: HTTP 404 from the
+    retriever); a known one is leased in the retriever while the job is queued, so deleting it is a
+    409 naming the job, and cancelling the job releases it."""
+    with (
+        LocalServer(create_app(make_settings(roots, retriever_url=retriever_url))) as server,
+        httpx.Client(base_url=server.url) as http,
+    ):
+        unknown = post(http, collection="no-such-collection")
+        assert (unknown.status_code, unknown.json()["error"]) == (404, "collection_not_found"), unknown.text
+        assert "'no-such-collection'" in unknown.json()["message"]
+        job = post(http, collection=collection).json()["id"]
+        refused = httpx.delete(f"{retriever_url}/v1/collections/{collection}")
+        assert (refused.status_code, refused.json()["error"]) == (409, "collection_in_use"), refused.text
+        assert job in refused.json()["message"]
+        assert http.post(f"/v1/jobs/{job}/cancel").status_code == 200
+    with RetrieverClient(retriever_url) as client:
+        assert job not in client.info(collection).leases

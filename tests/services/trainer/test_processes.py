@@ -73,7 +73,7 @@ def job(tiny_model: str, data: Path, collection: str, **hp: Any) -> dict[str, An
         ({"processes": 2, "questions_per_step": 3}, "processes", "processes_uneven", "split evenly"),
     ],
 )
-def test_what_this_machine_cannot_run_is_a_422_naming_it(
+def test_what_this_machine_cannot_run_is_a_409_naming_it(
     settings: TrainerSettings,
     tiny_model: str,
     data: Path,
@@ -84,7 +84,7 @@ def test_what_this_machine_cannot_run_is_a_422_naming_it(
 ) -> None:
     with LocalServer(create_app(settings)) as server:
         response = httpx.post(f"{server.url}/v1/jobs", json=job(tiny_model, data, "c", **hp))
-    assert response.status_code == 422, response.text
+    assert response.status_code == 409, response.text
     body = response.json()
     assert (
         body["error"] == code and f"hyperparameters.{field}" in body["message"] and words in body["message"]
@@ -106,7 +106,7 @@ def test_loops_of_one_process_refuse_several(
     body = {**job(tiny_model, data, "c", processes=2), **request_changes}
     with LocalServer(create_app(settings)) as server:
         response = httpx.post(f"{server.url}/v1/jobs", json=body)
-    assert response.status_code == 422 and response.json()["error"] == "processes_unsupported"
+    assert response.status_code == 409 and response.json()["error"] == "processes_unsupported"
     assert loop in response.json()["message"]
 
 
