@@ -38,7 +38,7 @@ from hoprl.configs import (
 from hoprl.domain import MAX_BUDGET, SHAPE_DEFAULTS, EpisodeShape
 from hoprl.protocols import Protocol
 from hoprl.recipes.evo_rag import INFO_TOKENS_PER_DOC, trainer_defaults
-from hoprl.recipes.when_to_search import WhenToSearchConfig
+from hoprl.recipes.when_to_search import COMPACT_PROMPT, WhenToSearchConfig
 from hoprl.schemas.trainer import MAX_TOKEN_BUDGET, Hyperparameters, JobRequest
 
 #: ``preset="cpu"``: the papers' settings scaled down to what two CPU cores train in minutes with
@@ -68,6 +68,9 @@ CPU_RECIPE_CONFIG: dict[str, dict[str, Any]] = {
     # never passes 0.16 and the late weights and r_act never act; T_max = max_steps keeps the whole
     # Discovery -> Refinement schedule inside the short episode
     "evo-rag": {"t_max": CPU_PRESET["max_steps"]},
+    # when-to-search's compact instruction instead of App. B.4's (docs/training.md, "The cpu preset's
+    # when-to-search prompt": make run, seed 0, measured with both)
+    "when-to-search": {"system_prompt": COMPACT_PROMPT},
 }
 
 

@@ -135,6 +135,17 @@ WHEN_TO_SEARCH_PROMPT = (
     "resort, not the default."
 )
 
+#: a compact instruction of the same protocol (think, search keywords, information, reflect, answer),
+#: the recipe's prompt before App. B.4's was adopted: the cpu preset's (hoprl.jobspec.CPU_RECIPE_CONFIG),
+#: where SmolLM2-135M's warm start learnt less under App. B.4's 330-token instruction (docs/training.md)
+COMPACT_PROMPT = (
+    "Answer the question. Think inside <think> and </think>. Search only when you lack knowledge: "
+    "write a few keywords (not a question) between <search> and </search>; results come back "
+    "between <information> and </information>. After each result, reflect inside <reflect> and "
+    "</reflect> on what it tells you. When you know the answer, write it between <answer> and "
+    "</answer> with no explanation."
+)
+
 
 class Curriculum(CurriculumState):
     """The two-stage schedule: stage 1 then, once, stage 2.

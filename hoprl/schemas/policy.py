@@ -12,7 +12,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hoprl.domain import Episode, EpisodeShape, Outcome, Paragraph, Question, Step, TokenTrajectory
+from hoprl.domain import (
+    RECIPE_NAMES,
+    Episode,
+    EpisodeShape,
+    Outcome,
+    Paragraph,
+    Question,
+    Step,
+    TokenTrajectory,
+)
 from hoprl.schemas import MAX_JSON_INT, json_typed, non_blank
 from hoprl.schemas.retriever import CollectionName
 
@@ -25,12 +34,9 @@ PARAGRAPH_RECIPES = ("arena",)
 
 
 def _recipe_names(schema: dict[str, Any]) -> None:
-    """The recipes as an enum in the OpenAPI document, imported only when the document is built
-    (the recipes pull in torch; the clients import this module)."""
-    from hoprl.recipes import RECIPES
-
+    """The recipes as an enum in the OpenAPI document (the registry's names: hoprl.domain.RECIPE_NAMES)."""
     branch = next(b for b in schema["anyOf"] if b.get("type") == "string") if "anyOf" in schema else schema
-    branch["enum"] = sorted(RECIPES)
+    branch["enum"] = sorted(RECIPE_NAMES)
 
 
 def _paragraphs_need_their_recipe(schema: dict[str, Any]) -> None:

@@ -79,7 +79,7 @@ class Policy:
             return get_recipe(name, **(config or {}))
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ApiError(422, "invalid_recipe_config", f"recipe_config for {name}: {problems}") from None
+            raise ApiError(409, "invalid_recipe_config", f"recipe_config for {name}: {problems}") from None
 
     async def check_collection(self, name: str) -> None:
         """Ask the retriever whether ``name`` exists: 404 naming it if not, 503 if it does not answer."""

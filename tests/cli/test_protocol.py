@@ -46,10 +46,15 @@ def test_arena_protocol_on_two_hotpotqa_questions(tmp_path: Path) -> None:
         0,
     )
     # one answer over the question's own paragraphs (§4.4), greedy (no inference decoding is given)
+    arena = {"max_steps": 1, "max_new_tokens_per_step": 1024, "token_budget": 1024, "top_k": None,
+             "temperature": 0.0, "stop": None, "search_mode": "hybrid", "grammar": False}  # fmt: skip
     assert report["settings"] == {
-        "max_steps": 1, "temperature": 0.0, "top_p": 1.0, "seed": None, "references": True,
+        "shape": arena, "max_steps": 1, "temperature": 0.0, "top_p": 1.0, "seed": None, "references": True,
         "generator": None, "generator_max_tokens": 256, "recipe_config": {},
     }  # fmt: skip
+    # the service's POLICY_MAX_NEW_TOKENS_PER_STEP=64 lowers the paper's 1,024 and says so
+    assert report["episode"] == arena | {"max_new_tokens_per_step": 64}
+    assert report["limited"] == ["max_new_tokens_per_step 1024 -> 64 (POLICY_MAX_NEW_TOKENS_PER_STEP)"]
     assert report["steps"] == 1 and report["retrieval_count"] == 0
     assert "rules" in report["judge_backend"] and 0 <= report["judge_accuracy"] <= 1
     # the rules judge decided, not App. C.3's prompt: the report names the prompt of each verdict

@@ -1,7 +1,7 @@
 """EVO-RAG: seven step-level rewards, an in-episode weight scheduler and a two-stage curriculum.
 
 "EVO-RAG: Evolving Retrieval-Augmented Agents for Efficient Multi-Hop Query Optimization", an
-anonymous double-blind submission (``../shared/papers/evo-rag.txt``; no arXiv id). The policy acts
+anonymous double-blind submission (no arXiv id). The policy acts
 one step at a time::
 
     <think>...</think><search>query</search>      SEARCH(query): retrieve top-k documents

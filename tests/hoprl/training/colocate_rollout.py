@@ -21,10 +21,10 @@ from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.data.synthetic import generate
+from hoprl.domain import EpisodeShape
 from hoprl.generation.chat import EngineChat
 from hoprl.recipes import get_recipe
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
-from tests.conftest import shape
 
 
 def main(model_path: str, retriever_url: str, collection: str, out: str) -> None:
@@ -55,7 +55,8 @@ def main(model_path: str, retriever_url: str, collection: str, out: str) -> None
             return await run_episodes(
                 get_recipe("search-r1"), generate(seed=0)["train"][:3], EngineChat(engine), retriever,
                 collection, n_samples=2, concurrency=8, logprobs=True,
-                shape=shape(max_steps=2, max_new_tokens_per_step=12, token_budget=600),
+                shape=EpisodeShape(max_steps=2, max_new_tokens_per_step=12, token_budget=600,
+                                   temperature=1.0),
             )  # fmt: skip
         finally:
             await retriever.aclose()

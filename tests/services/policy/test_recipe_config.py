@@ -64,5 +64,5 @@ def test_top_t_and_top_k_of_the_protocol_reach_the_episode(r2ag_url: str) -> Non
 def test_a_bad_option_is_a_422_naming_it(r2ag_url: str) -> None:
     for config, named in (({"top_t": 0}, "top_t"), ({"topk": 2}, "topk")):
         reply = answer(r2ag_url, recipe_config=config)
-        assert reply.status_code == 422 and reply.json()["error"] == "invalid_recipe_config"
+        assert reply.status_code == 409 and reply.json()["error"] == "invalid_recipe_config"
         assert named in reply.json()["message"]
