@@ -81,6 +81,7 @@ def answer_questions(
     repeatable: bool = False,
     protocol: str | None = None,
     shape: EpisodeShape | None = None,
+    recipe_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Ask the policy every question; write the per-question rows to ``out``, return the summary.
     ``protocol``: ask as that paper's evaluation does (its episode, decoding, generation step);
@@ -89,7 +90,7 @@ def answer_questions(
     settings = (
         AnswerSettings.of(get_protocol(protocol), dataset=dataset)
         if protocol
-        else AnswerSettings(shape=shape)
+        else AnswerSettings(shape=shape, recipe_config=dict(recipe_config or {}))
     )
     report = evaluate_answers(
         policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings
@@ -225,6 +226,7 @@ def evaluate(
     repeatable: bool = False,
     protocol: str | None = None,
     shape: EpisodeShape | None = None,
+    recipe_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate the policy as served now on ``questions_path[:limit]`` and publish the run's report.
 
@@ -238,6 +240,8 @@ def evaluate(
             and decoding, with its generation step; the report prints the paper's figures beside ours.
         shape: without a protocol, the episode every answer runs (a pipeline's: its run's shape,
             greedy); unset: the service's. The report states the episode each evaluation ran.
+        recipe_config: without a protocol, the recipe's options every answer runs with (a
+            pipeline's: the config its jobs train with, so the model is asked as it was trained).
 
     Returns ``{"evaluation_id", "metrics", "report"}`` (``report``: the report's path).
     """
@@ -245,7 +249,16 @@ def evaluate(
     out = run_dir(run_id) / "evals" / f"{label.replace('/', '-')}.json"
     questions = load_questions(questions_path, limit)  # read once; every metric scores these
     summary = answer_questions(
-        questions, recipe, collection, policy_url, retriever_url, str(out), repeatable, protocol, shape
+        questions,
+        recipe,
+        collection,
+        policy_url,
+        retriever_url,
+        str(out),
+        repeatable,
+        protocol,
+        shape,
+        recipe_config,
     )
     verdicts = judge_answers(str(out), questions, judge_url)
     retrieval = retrieval_metrics(questions, collection, retriever_url)

@@ -124,6 +124,7 @@ def evaluations(
     baselines: tuple[str, ...],
     limit: int | None,
     shape: EpisodeShape,
+    recipe_config: dict[str, Any],
 ) -> dict[str, dict[str, Any]]:
     """The untrained policy on the test split: the run's recipe (``baseline``) and each baseline
     recipe, all in the run's episode ``shape`` (the baselines with their own documents a search)."""
@@ -143,6 +144,7 @@ def evaluations(
                 dataset=data["name"],
                 limit=limit,
                 shape=shape if name == recipe else shape.model_copy(update={"top_k": None, "stop": None}),
+                recipe_config=recipe_config if name == recipe else None,
             )
 
         out[label] = once(run_id, f"eval/{label}", run, "evaluation_id")
@@ -159,6 +161,7 @@ def evaluate_checkpoint(
     recipe: str,
     limit: int | None,
     shape: EpisodeShape,
+    recipe_config: dict[str, Any],
 ) -> dict[str, Any]:
     """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run), in ``shape``."""
 
@@ -177,6 +180,7 @@ def evaluate_checkpoint(
             limit=limit,
             checkpoint_id=checkpoint["checkpoint_id"],
             shape=shape,
+            recipe_config=recipe_config,
         )
 
     return once(run_id, f"eval/{label}", run, "evaluation_id")
@@ -290,20 +294,23 @@ def stages(
     )
     index = once(run_id, "build_index", lambda: build_index(run_id, data, urls.retriever), "index_id")
     collection = index["collection"]
-    evals = evaluations(run_id, urls, data, collection, recipe, spec.baselines, eval_limit, greedy)
+    config = hp["recipe_config"]  # the recipe as its jobs train it: evaluations ask the model alike
+    evals = evaluations(run_id, urls, data, collection, recipe, spec.baselines, eval_limit, greedy, config)
     request = job_request(recipe, spec.trained_objective, spec.dataset, data, collection, seed, hp)
     if spec.sft_steps > 0:
         with progress.stage("warm_start", steps=spec.sft_steps):
             sft = warm_start(run_id, {**request, "model": spec.model, "steps": spec.sft_steps}, urls)
         # what the RL steps start from
-        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, recipe, eval_limit, greedy)
+        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, recipe, eval_limit, greedy, config)
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
         registry().add_checkpoint(run_id, 0, resolve_model(spec.model, MODEL_CACHE), {"objective": "base"})
     dev = {"path": data["paths"]["dev"], "limit": spec.dev_limit}
     with progress.stage("train", steps=spec.steps, segments=spec.segments):
         # the last checkpoint is evaluated on test right below: no dev check of it
         final = train(run_id, request, spec.steps, spec.segments, dev, urls, check_last=False)
-    after = evaluate_checkpoint(run_id, "final", final, urls, data, collection, recipe, eval_limit, greedy)
+    after = evaluate_checkpoint(
+        run_id, "final", final, urls, data, collection, recipe, eval_limit, greedy, config
+    )
     if spec.protocol:
         protocol, data_dir = spec.protocol, spec.data_dir
         once(
