@@ -158,6 +158,13 @@ class Hyperparameters(BaseModel):
     preference_eval_share: float = Field(
         0.2, gt=0, lt=1, description="preference model: share of questions whose pairs are held back"
     )
+    placebo: bool = Field(
+        False,
+        description="the control arm of a learning check (GRPO / DAPO / Dr. GRPO through TRL): each step's "
+        "rewards are permuted across the batch before the advantages, by a permutation drawn from the seed "
+        "and the step; the same job with and without it tells a gain the reward made from one any update "
+        "makes",
+    )
     recipe_config: dict[str, Any] = Field(
         default_factory=dict, description="the recipe's own config (e.g. when-to-search switch_step)"
     )

@@ -39,6 +39,14 @@ mask-1 tokens, counting steps with text) all get ``A_{i,t}``; injected and templ
 TRL's loss accepts advantages of shape ``(B, T)`` from a subclass, so the override only replaces
 ``advantages`` in the batch :meth:`_generate_and_score_completions` returns; the clipped loss,
 KL and aggregation stay TRL's. ``advantage="sequence"`` keeps TRL's per-completion advantages.
+
+**The placebo (``placebo=True``).** The control arm of a learning check: every step's rewards are
+permuted across the whole batch (rows of TRL's per-function rewards, or the episodes' step rewards
+under ``advantage="per_step"``) before any advantage is computed, by a permutation drawn from the
+job's seed and the step (:func:`placebo_order`). The update then has the real run's size, its
+reward distribution and its samples, but no link between what an episode did and what it was paid,
+so a gain the placebo also shows did not come from the reward. Rollouts, dynamic sampling and the
+registry's episode records keep the real rewards.
 """
 
 from __future__ import annotations
@@ -132,6 +140,13 @@ def token_advantages(
     return out
 
 
+def placebo_order(n: int, seed: int, step: int) -> list[int]:
+    """The placebo's permutation of a batch of ``n`` rows at optimizer step ``step``: drawn from
+    ``seed`` and ``step`` alone, so every process (and a resumed job) draws the same one."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return [int(i) for i in torch.randperm(n, generator=generator)]
+
+
 class HoprlGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with ``kl_estimator="k2"`` and ``advantage="per_step"`` (module docstring).
 
@@ -147,6 +162,7 @@ class HoprlGRPOTrainer(GRPOTrainer):
         kl_estimator: str = "k3",
         advantage: str = "sequence",
         step_rewards: Callable[[Episode], list[float]] | None = None,
+        placebo: bool = False,
         **kwargs: Any,
     ) -> None:
         if kl_estimator not in ("k3", "k2"):
@@ -156,6 +172,7 @@ class HoprlGRPOTrainer(GRPOTrainer):
         if advantage == "per_step" and step_rewards is None:
             raise ValueError("advantage='per_step' needs a recipe with step rewards (evo-rag)")
         self.kl_estimator, self.advantage, self.step_rewards = kl_estimator, advantage, step_rewards
+        self.placebo = placebo
         self._policy_logps: torch.Tensor | None = None
         self.preference: Any = None  # EVO-RAG's PreferenceLearner, set by the job (services.trainer.jobs)
         super().__init__(*args, **kwargs)
@@ -166,10 +183,23 @@ class HoprlGRPOTrainer(GRPOTrainer):
             rollout: Any = self.rollout_func  # an AgentRollout: the batch's episodes, in order
             episodes = rollout.last_episodes
             rewards = [self.step_rewards(e) for e in episodes]
+            if self.placebo:
+                rewards = [rewards[i] for i in self.placebo_rows(len(rewards))]
             per_step = step_advantages(rewards, int(self.num_generations or 1), self.scale_rewards)
             mask = output["completion_mask"] * output.get("tool_mask", 1)
             output["advantages"] = token_advantages(per_step, episodes, mask).to(output["advantages"].dtype)
         return output
+
+    def placebo_rows(self, n: int) -> list[int]:
+        """This step's placebo permutation of ``n`` rows (:func:`placebo_order`)."""
+        return placebo_order(n, int(self.args.seed), int(self.state.global_step) + 1)
+
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, ids: Any) -> Any:
+        rewards = super()._calculate_rewards(inputs, prompts, completions, ids)
+        if not self.placebo:
+            return rewards
+        self._metrics["train"]["placebo"].append(1.0)
+        return rewards[torch.tensor(self.placebo_rows(rewards.shape[0]), device=rewards.device)]
 
     def _get_per_token_logps_and_entropies(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
@@ -271,6 +301,7 @@ def build_grpo(
     kl_estimator: str = "k3",
     callbacks: list[Any] | None = None,
     advantage: str = "sequence",
+    placebo: bool = False,
 ) -> HoprlGRPOTrainer:
     """The trainer for one job; ``trainer.train(resume_from_checkpoint=...)`` runs it.
 
@@ -287,4 +318,5 @@ def build_grpo(
         kl_estimator=kl_estimator,
         advantage=advantage,
         step_rewards=getattr(rollout.recipe, "step_rewards", None),
+        placebo=placebo,
     )

@@ -224,6 +224,21 @@ def test_one_sample_a_question_is_ppo_only(trainer: httpx.Client) -> None:
     )
 
 
+def test_the_placebo_runs_only_where_rewards_are_permuted(trainer: httpx.Client) -> None:
+    """The placebo permutes rewards inside TRL's GRPO family; a loop that cannot is a 422 naming it."""
+    for request, loop in [
+        ({"recipe": "evo-rag", "objective": "ppo"}, "objective ppo"),
+        ({"recipe": "evo-rag", "objective": "grpo"}, "advantage = siblings"),  # EVO-RAG's default loop
+        ({"recipe": "r2ag"}, "r2ag's rounds"),
+    ]:
+        response = post(trainer, **request, hyperparameters={"placebo": True})
+        body = response.json()
+        assert (response.status_code, body["error"]) == (422, "placebo_unsupported"), body
+        assert loop in body["message"]
+    assert post(trainer, hyperparameters={"placebo": True}).status_code == 201
+    assert post(trainer, recipe="r2ag", hyperparameters={"placebo": False}).status_code == 201
+
+
 def test_default_limits_refuse_a_million_steps(trainer: httpx.Client) -> None:
     response = post(trainer, steps=1_000_000)
     assert response.status_code == 409 and "TRAINER_MAX_STEPS" in response.json()["message"]
