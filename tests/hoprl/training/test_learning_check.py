@@ -141,7 +141,7 @@ def run_arm(tiny_model: str, retriever_url: str, collection: str, questions: lis
         max_new_tokens_per_step=4, token_budget=256, save_steps=100, placebo=placebo,
     ), "search-r1")  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    seven = tokenizer.convert_tokens_to_ids(SEVEN)
+    seven = int(tokenizer.convert_tokens_to_ids(SEVEN))  # type: ignore[arg-type]
     model = seven_biased(AutoModelForCausalLM.from_pretrained(tiny_model), seven)
     recipe = SevenSearches()
     opts = RolloutOptions(
