@@ -55,9 +55,9 @@ CPU_PRESET: dict[str, Any] = {
     # PPO's critic: a copy of the tiny policy's body (EVO-RAG's Qwen2.5-0.5B critic reads another
     # tokenizer's ids than SmolLM2's)
     "critic_model": "policy",
-    # the KL to the warm start at beta 0 on 2 of a step's 8 episodes: a no-grad forward of a frozen
-    # copy costs about a quarter of the loss's forward + backward on the episodes it scores, so all 8
-    # would add ~15% to a step, 2 add ~4% (docs/training.md, "What a step logs")
+    # the KL to the warm start at beta 0 on 2 of a step's 8 episodes: the frozen copy's no-grad
+    # forward pass cost 7-9% of the loss on 2 episodes, 26-30% on all 8 (docs/training.md, "What a
+    # step logs")
     "warm_start_kl": 2,
 }
 

@@ -200,8 +200,8 @@ def test_two_steps_log_the_kl_to_the_warm_start_and_the_episodes_clipped_share(
 
 
 def test_the_cpu_preset_measures_the_kl_on_two_episodes_a_step_and_the_paper_preset_on_none() -> None:
-    """2 of make run's 8 episodes: the frozen copy's forward pass then costs ~4% of a step (all 8:
-    ~15%, over the 10% a signal may cost; docs/training.md, "What a step logs")."""
+    """2 of make run's 8 episodes: the frozen copy's forward pass cost 7-9% of the loss, under 10% of
+    a step (all 8: 26-30% of the loss; docs/training.md, "What a step logs")."""
     assert resolve(Hyperparameters(preset="cpu"), "when-to-search").warm_start_kl == 2
     assert resolve(Hyperparameters(), "when-to-search").warm_start_kl == 0
     assert resolve(Hyperparameters(preset="cpu", warm_start_kl=8), "when-to-search").warm_start_kl == 8
