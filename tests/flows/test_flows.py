@@ -325,6 +325,12 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
     # dev checks between segments only: the last checkpoint goes to the final evaluation at once
     assert [reg.count_episodes(run_id, s) for s in (2, 4)] == [2, 0]
     assert [step for step, _ in reg.metric_series(run_id, "dev/em")] == [2]
+    # The warm start's loss per SFT step, its headroom before RL (2 dev questions x 2 samples) and
+    # every RL step's signals, in the run and its report
+    assert [step for step, _ in reg.metric_series(run_id, "sft/loss")] == [1]
+    assert reg.count_episodes(run_id, -1) == 2 * 2 and reg.latest_metrics(run_id)["headroom/k"] == 2
+    assert [step for step, _ in reg.metric_series(run_id, "train/frac_reward_zero_std")] == [1, 2, 3, 4]
+    assert "## Training" in Path(result["report"]).read_text()
     # The run again: the same results, and no checkpoint, episode or trainer job added.
     assert result["before"] == again["before"] and result["after"] == again["after"]
     assert counts == counts_again
