@@ -38,7 +38,7 @@ from hoprl.clients.judge import JudgeClient
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions, write_questions
-from hoprl.domain import EpisodeShape, Question, cut_shares
+from hoprl.domain import EpisodeShape, Question, ended_shares
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.protocols import get_protocol, local_file, sample
 from hoprl.registry import Prediction
@@ -268,7 +268,7 @@ def evaluate(
         **retrieval,
         "judge_accuracy": sum(verdicts) / max(1, len(verdicts)),
         "judge_llm_share": judge_llm_share(rows),
-        **cut_shares([r["outcome"] for r in rows]),
+        **ended_shares([r["outcome"] for r in rows]),
         **breakdown(questions, rows, verdicts, recipe),
         "label": label,
         "recipe": recipe,

@@ -1,8 +1,8 @@
 """``pipeline``: the whole story of a run, end to end, resumable by run id.
 
     prepare_data -> build_index -> evaluate (baselines, untrained model) -> warm_start (SFT)
-      -> evaluate (the SFT checkpoint) -> train (RL in segments, curriculum between them)
-      -> evaluate (final checkpoint) -> summary
+      -> evaluate (the SFT checkpoint) -> headroom (pass@1 / pass@k of the warm start on dev)
+      -> train (RL in segments, curriculum between them) -> evaluate (final checkpoint) -> summary
 
 Every phase runs the run's one episode shape (:func:`run_shape`, stored in its registry config as
 ``episode``).
@@ -35,7 +35,7 @@ from flows.report import publish_report
 from flows.runs import done, link_flow_run, mark, registry, run_dir
 from flows.spec import RunSpec
 from flows.stack import ServiceUrls, services
-from flows.training import serve_checkpoint, train, warm_start
+from flows.training import headroom, serve_checkpoint, train, warm_start
 from hoprl.domain import EpisodeShape
 from hoprl.generation.model import resolve_model
 from hoprl.jobspec import job_episode_shape, preset_recipe_config
@@ -305,6 +305,8 @@ def stages(
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
         registry().add_checkpoint(run_id, 0, resolve_model(spec.model, MODEL_CACHE), {"objective": "base"})
     dev = {"path": data["paths"]["dev"], "limit": spec.dev_limit}
+    if spec.steps > 0:  # what RL can reach from the warm start: in the report before its steps
+        once(run_id, "headroom", lambda: headroom(run_id, request, dev, urls))
     with progress.stage("train", steps=spec.steps, segments=spec.segments):
         # the last checkpoint is evaluated on test right below: no dev check of it
         final = train(run_id, request, spec.steps, spec.segments, dev, urls, check_last=False)

@@ -14,6 +14,12 @@ and ends. They go through the flow run's logger, so the same lines show in the t
     sft job-3f2a (warm start) [#####-----] step 12/24 (50%), loss 1.234, 3.1 s/step, ETA 37 s
     sft job-3f2a (warm start) [##########] step 24/24 (100%), loss 0.871, succeeded
     stage warm_start: done in 1 min 50 s
+    dapo job-9c1e (segment to step 1) [##########] step 1/1 (100%), reward 0.464 ± 0.712, loss 0.003,
+        flat groups 0.50, KL to start 0, clipped 0.000, answered 0.88, succeeded
+
+An RL step's line carries the signals that say whether RL is working (:data:`SIGNALS`): the
+reward's spread, the share of groups with no reward spread, the KL to the warm start, the share of
+clipped importance ratios and the share of episodes that answered.
 
 A job that shows no new step for ``quiet_s`` seconds (loading the model, a slow first rollout)
 gets a line anyway, with the time since the wait began, so the terminal is never silent for long.
@@ -52,6 +58,15 @@ def bar(done: int, total: int, width: int = 10) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
+#: an RL step's signals in its progress line: (metric, label, format)
+SIGNALS = (
+    ("frac_reward_zero_std", "flat groups", ".2f"),
+    ("warm_start_kl/k3", "KL to start", ".3g"),
+    ("clip_ratio/region_mean", "clipped", ".3f"),
+    ("ended/answer", "answered", ".2f"),
+)
+
+
 def progress_line(job: Job, label: str, seconds_per_step: float | None, waited_s: float) -> str:
     """One line of a job's progress: step / total, its latest reward and loss, speed and ETA (or
     the time waited, before the speed is known)."""
@@ -59,6 +74,9 @@ def progress_line(job: Job, label: str, seconds_per_step: float | None, waited_s
     head = f"{job.objective} {job.id} ({label}) {bar(job.step, job.steps)}"
     parts = [f"{head} step {job.step}/{job.steps} ({percent}%)"]
     parts += [f"{name} {job.metrics[name]:.3f}" for name in ("reward", "loss") if name in job.metrics]
+    if "reward" in job.metrics and "reward_std" in job.metrics:
+        parts[1] += f" ± {job.metrics['reward_std']:.3f}"
+    parts += [f"{text} {job.metrics[name]:{spec}}" for name, text, spec in SIGNALS if name in job.metrics]
     cut = [f"{name[6:]} {job.metrics[name]:.2f}" for name in ("ended/token_budget", "ended/format_error")
            if name in job.metrics]  # fmt: skip
     parts += [f"cut by {' / '.join(cut)}"] if cut else []

@@ -5,7 +5,8 @@ evaluation and each training segment publishes it again):
 
 - ``report.md``: per dataset, narrow tables with every evaluation of the run: answers (EM as the
   recipe can act on it, EM over all questions, F1, judge accuracy, retrieval count), how the
-  episodes ended (shares cut by the token budget, a format error, the step cap), EM per question
+  episodes ended (the shares that answered or were cut by the token budget, a format error, the
+  step cap), EM per question
   type (bridge, comparison; the refused share of unanswerable ones), the paired bootstrap (10,000
   resamples) of each EM against the untrained model (``baseline``) and against the SFT warm start
   (``sft``) (difference, 95% interval, p), the agent's own retrieval
@@ -13,9 +14,9 @@ evaluation and each training segment publishes it again):
   with the question as the query (Recall@K / Full-Recall@K / mAP), and seconds per question
   (p50 / p99 latency, T_r / T_g). Few short columns each, so the Prefect UI's markdown view
   shows every column (one wide table had its last column cut off there);
-- ``training.png``: the training reward per step (mean, spread and components), the shares of
-  episodes cut by the token budget or a format error (training and dev), and the dev EM at each
-  segment's check, with the curriculum's stage switches as vertical lines;
+- ``## Training`` in ``report.md`` and ``training.png``: the SFT loss per step, the warm start's
+  pass@1 / pass@k before RL, and each RL step's signals (reward and its spread, flat groups,
+  clipping, KL to the warm start, how the episodes ended, dev checks): :mod:`flows.training_report`;
 - ``accuracy_vs_retrievals.png``: EM against the mean retrieval count, one point per evaluation
   (recipe and label), the trade-off the when-to-search recipe is about. Each evaluation has its
   own marker and colour, named in a legend beside the axes: evaluations often land on the same
@@ -52,6 +53,7 @@ from prefect.runtime import flow_run
 from sqlalchemy import select
 
 from flows.runs import registry, run_dir
+from flows.training_report import training_plot, training_section
 from hoprl.judging import judge_flag
 from hoprl.metrics.stats import paired_bootstrap
 from hoprl.protocols import METRIC_KEYS, headlines, served_backbone
@@ -66,9 +68,10 @@ ANSWER_COLUMNS = [
     ("judge_accuracy", "judge"),
     ("retrieval_count", "retrievals"),
 ]
-# How the episodes ended: the shares cut by the token budget, a format error or the step cap
-ENDED_COLUMNS = [("ended/token_budget", "token budget"), ("ended/format_error", "format error"),
-                 ("ended/step_cap", "step cap")]  # fmt: skip
+# How the episodes ended: the shares that answered, or were cut by the token budget, a format error
+# or the step cap
+ENDED_COLUMNS = [("ended/answer", "answer"), ("ended/token_budget", "token budget"),
+                 ("ended/format_error", "format error"), ("ended/step_cap", "step cap")]  # fmt: skip
 # The references of the paired bootstraps: the untrained model and the SFT warm start
 REFERENCES = ("baseline", "sft")
 KINDS = ("bridge", "comparison", "unanswerable")
@@ -216,7 +219,7 @@ def markdown_table(run_id: str) -> str:
             if (share := r.metrics.get("judge_llm_share")) is not None and share < 1
         ]
         lines += paper_section(group)
-        lines += ["### How the episodes ended (share cut)", ""]
+        lines += ["### How the episodes ended (share of the episodes)", ""]
         lines += table(
             ["evaluation"] + [h for _, h in ENDED_COLUMNS],
             [
@@ -250,6 +253,7 @@ def markdown_table(run_id: str) -> str:
         lines += table(["evaluation"] + [h for _, h in RETRIEVAL_COLUMNS], retrieval)
         lines += ["### Seconds per question", ""]
         lines += table(["evaluation"] + [h for _, h in TIME_COLUMNS], times)
+    lines += training_section(run_id, table)
     flag = judge_flag(registry().latest_metrics(run_id), prefix="train/")
     if flag:
         lines += ["## Judge", "", f"**Warning:** {flag}.", ""]
@@ -261,70 +265,6 @@ def markdown_table(run_id: str) -> str:
             for s in switches
         ]
     return "\n".join(lines) + "\n"
-
-
-def training_plot(run_id: str, path: Path) -> Path | None:
-    """Per training step: the reward's mean with its spread (mean ± the group std TRL logs) and
-    each reward component; the shares of episodes cut (token budget, format error) in training
-    and at the dev checks; the dev EM per check. Stage switches are dashed vertical lines."""
-    reg = registry()
-    reward, spread = (
-        dict(reg.metric_series(run_id, "train/reward")),
-        dict(reg.metric_series(run_id, "train/reward_std")),
-    )
-    dev_em = reg.metric_series(run_id, "dev/em")
-    if not reward and not dev_em:
-        return None
-    names = sorted(reg.latest_metrics(run_id))
-    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
-    if reward:
-        steps = sorted(reward)
-        mean = [reward[t] for t in steps]
-        top.plot(steps, mean, color="tab:blue", marker="o", linewidth=1.5, label="reward (mean)")
-        if spread:
-            low = [reward[t] - spread.get(t, 0.0) for t in steps]
-            high = [reward[t] + spread.get(t, 0.0) for t in steps]
-            top.fill_between(steps, low, high, color="tab:blue", alpha=0.2, label="± std")
-    # TRL logs each reward function as rewards/<name>/mean and rewards/<name>/std: the means
-    components = [n for n in names if n.startswith("train/rewards/") and not n.endswith("/std")]
-    for i, name in enumerate(components):
-        series = reg.metric_series(run_id, name)
-        top.plot(*zip(*series, strict=True), linewidth=1, linestyle=":", color=f"C{(i + 2) % 10}",
-                 label=name.removeprefix("train/rewards/").removesuffix("/mean"))  # fmt: skip
-    top.set_ylabel("training reward")
-    top.legend(fontsize=7, loc="best")
-    for name, style in (("train/ended/token_budget", "-"), ("train/ended/format_error", "--"),
-                        ("dev/ended/token_budget", "-."), ("dev/ended/format_error", ":")):  # fmt: skip
-        series = reg.metric_series(run_id, name)
-        if series:
-            middle.plot(
-                *zip(*series, strict=True), linestyle=style, marker=".", label=name.replace("/ended/", " ")
-            )
-    middle.set_ylabel("share cut")
-    middle.set_ylim(-0.05, 1.05)
-    if middle.lines:
-        middle.legend(fontsize=7, loc="best")
-    if dev_em:
-        bottom.plot(*zip(*dev_em, strict=True), marker="o", color="tab:green")
-    bottom.set_ylabel("dev EM")
-    bottom.set_xlabel("step")
-    for s in reg.stage_switches(run_id):
-        for ax in (top, middle, bottom):
-            ax.axvline(s.step, color="tab:red", linestyle="--", linewidth=1)
-        top.annotate(
-            f"{s.to_stage}",
-            (s.step, 1),
-            xycoords=("data", "axes fraction"),
-            color="tab:red",
-            ha="left",
-            va="top",
-            fontsize=8,
-        )
-    fig.suptitle(f"{run_id}: training")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 MARKERS = "osD^vP*Xph<>"

@@ -9,13 +9,17 @@ twice writes once, so collecting the same step again (a resumed pipeline) adds n
 ``score_rewards`` reads a step's stored episodes back and turns them into the step's metrics:
 the mean of every reward signal and of the total (the *return*), exact match of the final
 answers, the judge's accuracy (one ``judge_item`` unit per answer), retrieval count and the
-share of gold titles the agent retrieved, and the shares of episodes cut by the token budget, a
-format error or the step cap (``ended/*``). The pipeline uses the pair on the dev split between
-training segments::
+share of gold titles the agent retrieved, and the shares of episodes that ended on an answer or
+were cut by the token budget, a format error or the step cap (``ended/*``). The pipeline uses the
+pair on the dev split between training segments::
 
     collect_rollouts(run_id, 40, dev_path, collection, "when-to-search", urls.policy, urls.retriever,
                      shape=job_episode_shape(request).greedy())
     score_rewards(run_id, 40, urls.judge, prefix="dev")   # {"dev/return": ..., "dev/em": ...}
+
+:func:`headroom_metrics` reads a step of ``k`` sampled episodes per question instead: pass@1 and
+pass@k of the answers, and the share of groups whose rewards have no spread (the before-RL
+headroom, :func:`flows.training.headroom`).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from prefect import flow, get_run_logger, task
 from flows.fanout import fan_out, judge_item, rollout_episode
 from flows.runs import registry
 from hoprl.data.jsonl import load_questions
-from hoprl.domain import Episode, EpisodeShape, cut_shares
+from hoprl.domain import Episode, EpisodeShape, ended_shares
 from hoprl.metrics.answer import exact_match
+from hoprl.metrics.sampling import mean_pass_at_k
 
 
 @task
@@ -160,7 +165,7 @@ def episode_metrics(run_id: str, step: int, judge_url: str, prefix: str) -> dict
         "retrieval_count": mean([float(e.retrieval_count) for e in episodes]),
         "title_recall": mean(recalls),
         "episodes": float(len(episodes)),
-        **cut_shares([e.outcome for e in episodes]),
+        **ended_shares([e.outcome for e in episodes]),
     }
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
@@ -186,3 +191,29 @@ def score_rewards(run_id: str, step: int, judge_url: str, prefix: str = "rollout
         metrics[f"{prefix}/ended/format_error"],
     )
     return metrics
+
+
+def headroom_metrics(run_id: str, step: int, k: int) -> dict[str, float]:
+    """pass@1 and pass@``k`` (EM of the final answer, over the answerable questions), the mean
+    total reward, and the share of questions whose samples' rewards have no spread
+    (``frac_reward_zero_std``: groups an RL step gets no gradient from), over the stored episodes
+    of (run, step), each question's samples a group."""
+    groups: dict[str, list[tuple[Episode, float]]] = defaultdict(list)
+    for r in registry().episodes(run_id, step):
+        groups[r.question_id].append((Episode.model_validate(r.trajectory), r.total_reward))
+    if not groups:
+        raise ValueError(f"run {run_id!r} has no episodes at step {step}; collect_rollouts first")
+    right = [
+        [exact_match(e.final_answer or "", e.answers) > 0 for e, _ in group]
+        for group in groups.values()
+        if group[0][0].answers
+    ]
+    totals = [[total for _, total in group] for group in groups.values()]
+    return {
+        "pass@1": mean_pass_at_k(right, 1),
+        "pass@k": mean_pass_at_k(right, min([k, *map(len, right)])),
+        "k": float(k),
+        "questions": float(len(right)),
+        "reward": mean([t for group in totals for t in group]),
+        "frac_reward_zero_std": mean([float(max(g) == min(g)) for g in totals]),
+    }

@@ -5,9 +5,11 @@ the trainer service (``POST /v1/jobs``) that starts from the previous segment's 
 SFT warm start is segment zero. Between two segments the flow
 
 1. registers the segment's checkpoint on the pipeline run at its global step;
-2. copies the job's training curves (``reward``, ``reward_std``, ``loss``, ``rewards/*``, the
-   shares of episodes cut ``ended/*``) and its judge counts (``judge/*``: who decided the reward's
-   verdicts, the fallbacks) into the run's metrics as ``train/<name>`` at global steps;
+2. copies the job's training signals (:data:`COPIED_METRICS`, :data:`COPIED_PREFIXES`: reward and
+   its spread, the reward components, the share of flat groups, the clip fractions, the KL to the
+   warm start, entropy, gradient norm, how the episodes ended, searches, answer length, loss) and
+   its judge counts (``judge/*``: who decided the reward's verdicts, the fallbacks) into the run's
+   metrics as ``train/<name>`` at global steps;
 3. checks the policy on dev (after the last RL segment too, unless ``check_last=False``, as the
    pipeline sets it: its final evaluation follows): serves the checkpoint
    (``POST /v1/admin/checkpoint``), rolls out the dev questions greedily in the trainer's episode
@@ -17,6 +19,11 @@ SFT warm start is segment zero. Between two segments the flow
    on a plateau of the dev return; EVO-RAG: a plateau of the dev return's EMA), logs
    ``curriculum/stage`` and, when the rule fires, records the switch in the registry
    (``record_stage_switch``) and in the flow's log. The next segment trains in the new stage.
+
+The warm start's job copies its curves as ``sft/<name>`` (:data:`SFT_METRICS`: the loss per SFT
+step, ...). Before the first RL segment :func:`headroom` measures what RL can reach from the warm
+start: pass@1 and pass@k of ``k`` sampled episodes per dev question (``k`` the group size, at the
+training temperature, in the training episode shape), as ``headroom/*`` at step 0.
 
 **Resuming.** Every decision is rebuilt from the registry: a segment whose checkpoint is
 registered is not trained again, a check whose ``dev/em`` is logged is not rolled out again, and
@@ -38,17 +45,27 @@ from prefect import flow, get_run_logger, task
 from prefect.states import State
 
 from flows.progress import watch_job
-from flows.rollouts import collect_rollouts, score_rewards
+from flows.rollouts import collect_rollouts, headroom_metrics, score_rewards
 from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls, admin_token
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.trainer import TrainerClient
 from hoprl.domain import EpisodeShape
-from hoprl.jobspec import job_episode_shape
+from hoprl.jobspec import job_episode_shape, resolve
 from hoprl.recipes import get_recipe
+from hoprl.schemas.trainer import JobRequest
 
-COPIED_METRICS = ("reward", "loss", "kl", "reward_std", "searches")
-COPIED_PREFIXES = ("rewards/", "ended/", "judge/")  # reward components; shares of episodes cut; judge counts
+#: an RL job's per-step signals copied to the run as ``train/<name>`` (hoprl.training.signals)
+COPIED_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "kl", "entropy", "grad_norm",
+                  "searches", "answer_tokens", "step_time", "rollout_s")  # fmt: skip
+#: reward components; how the episodes ended; judge counts; importance-ratio clipping; the KL to the
+#: warm start; TRL's completion lengths (and its clipped share, recomputed from the episodes)
+COPIED_PREFIXES = ("rewards/", "ended/", "judge/", "clip_ratio/", "warm_start_kl/", "completions/")
+#: the warm start's per-step curves, copied as ``sft/<name>``
+SFT_METRICS = ("loss", "grad_norm", "mean_token_accuracy", "entropy", "learning_rate")
+#: where the headroom's sampled dev episodes are stored: apart from the greedy dev checks (their
+#: global steps, 0 included)
+HEADROOM_STEP = -1
 NEVER_SWITCH = 10**9
 
 
@@ -139,14 +156,16 @@ def run_job(run_id: str, end_step: int, request: dict[str, Any], trainer_url: st
     return {"job_id": job_id, "path": job.checkpoints[-1].path, "steps": job.step}
 
 
-def copy_curves(run_id: str, job_id: str, offset: int) -> None:
-    """The job's per-step training metrics as the run's ``train/<name>`` at global steps."""
+def copy_curves(run_id: str, job_id: str, offset: int, names: tuple[str, ...] = COPIED_METRICS,
+                prefixes: tuple[str, ...] = COPIED_PREFIXES, into: str = "train/") -> None:  # fmt: skip
+    """The job's per-step metrics ``names`` (and those starting with ``prefixes``) as the run's
+    ``<into><name>`` at global steps (the job's step + ``offset``)."""
     reg = registry()
-    names = [n for n in reg.latest_metrics(job_id) if n in COPIED_METRICS or n.startswith(COPIED_PREFIXES)]
+    copied = [n for n in reg.latest_metrics(job_id) if n in names or n.startswith(prefixes)]
     by_step: dict[int, dict[str, float]] = {}
-    for name in names:
+    for name in copied:
         for step, value in reg.metric_series(job_id, name):
-            by_step.setdefault(offset + step, {})[f"train/{name}"] = value
+            by_step.setdefault(offset + step, {})[f"{into}{name}"] = value
     for step, metrics in by_step.items():
         reg.log_metrics(run_id, step, metrics)
 
@@ -171,6 +190,7 @@ def warm_start(run_id: str, request: dict[str, Any], urls: ServiceUrls) -> dict[
         get_run_logger().info("warm start already done: %s", done.path)
         return {"checkpoint_id": done.id, "path": done.path, "step": 0}
     job = run_job(run_id, 0, {**request, "objective": "sft"}, urls.trainer)
+    copy_curves(run_id, job["job_id"], 0, names=SFT_METRICS, prefixes=(), into="sft/")
     row = registry().add_checkpoint(run_id, 0, job["path"], {"job_id": job["job_id"], "objective": "sft"})
     return {"checkpoint_id": row.id, "path": row.path, "step": 0}
 
@@ -218,6 +238,45 @@ def dev_check(
         )
         logged[step] = score_rewards(run_id, step, urls.judge, prefix="dev")["dev/return"]
     return logged[step]
+
+
+@flow(name="headroom")
+def headroom(
+    run_id: str, request: dict[str, Any], dev: dict[str, Any], urls: ServiceUrls
+) -> dict[str, float]:
+    """What RL can reach from the run's step-0 checkpoint (the warm start): ``k`` episodes per dev
+    question (``k`` = the job's group size), sampled at the training temperature in the training
+    episode shape, in the curriculum's first stage; pass@1, pass@k and the share of groups with no
+    reward spread (:func:`flows.rollouts.headroom_metrics`), logged as ``headroom/*`` at step 0.
+
+    Args:
+        request: the RL segments' shared job request (:func:`train`'s).
+        dev: ``{"path": dev JSONL, "limit": questions}``.
+    """
+    job = JobRequest.model_validate(request)
+    k = resolve(job.hyperparameters, job.recipe, job.objective).num_generations
+    config = request["hyperparameters"].get("recipe_config", {})
+    curriculum = getattr(get_recipe(request["recipe"], **config), "curriculum", None)
+    stage = curriculum.stage if curriculum is not None else None
+    row = checkpoint_at(run_id, 0)
+    if row is None:
+        raise ValueError(f"run {run_id!r} has no checkpoint at step 0; run warm_start first")
+    model = serve_checkpoint(urls.policy, row.path)
+    shape = job_episode_shape(request)  # sampled, as the training rollouts
+    options = {**dev_options(request, stage, model), "seed": request.get("seed", 0)}
+    collect_rollouts(run_id, HEADROOM_STEP, dev["path"], request["collection"], request["recipe"],
+                     urls.policy, urls.retriever, limit=dev["limit"], samples=k, options=options,
+                     shape=shape)  # fmt: skip
+    measured = headroom_metrics(run_id, HEADROOM_STEP, k)
+    metrics = {f"headroom/{name}": value for name, value in measured.items()}
+    metrics["headroom/temperature"] = shape.temperature
+    registry().log_metrics(run_id, 0, metrics)
+    get_run_logger().info(
+        "headroom of the warm start on %d dev questions: pass@1 %.3f, pass@%d %.3f, groups without reward "
+        "spread %.2f", metrics["headroom/questions"], metrics["headroom/pass@1"], k,
+        metrics["headroom/pass@k"], metrics["headroom/frac_reward_zero_std"],
+    )  # fmt: skip
+    return metrics
 
 
 def segment_request(request: dict[str, Any], path: str, steps: int, stage: Any) -> dict[str, Any]:

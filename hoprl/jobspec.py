@@ -55,6 +55,10 @@ CPU_PRESET: dict[str, Any] = {
     # PPO's critic: a copy of the tiny policy's body (EVO-RAG's Qwen2.5-0.5B critic reads another
     # tokenizer's ids than SmolLM2's)
     "critic_model": "policy",
+    # the KL to the warm start at beta 0 on 2 of a step's 8 episodes: the frozen copy's no-grad
+    # forward pass cost 7-9% of the loss on 2 episodes, 26-30% on all 8 (docs/training.md, "What a
+    # step logs")
+    "warm_start_kl": 2,
 }
 
 #: the cpu preset's learning rate for RL objectives (an SFT warm start keeps the generic 3e-4): the
@@ -135,7 +139,8 @@ def resolve(hp: Hyperparameters, recipe: str, objective: str | None = None) -> H
     fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
     fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
           "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
-          "mini_batch_size": 4, "dpo_pairs": "siblings", "preference_model": False})  # fmt: skip
+          "mini_batch_size": 4, "dpo_pairs": "siblings", "preference_model": False,
+          "warm_start_kl": 0})  # fmt: skip
     return Hyperparameters.model_validate(values)
 
 

@@ -20,6 +20,7 @@ from hoprl.domain.episode import (
     Step,
     TokenTrajectory,
     cut_shares,
+    ended_shares,
 )
 from hoprl.domain.question import Paragraph, Question
 from hoprl.domain.shape import MAX_BUDGET, SHAPE_DEFAULTS, EpisodeShape, SearchMode
@@ -53,5 +54,6 @@ __all__ = [
     "Step",
     "TokenTrajectory",
     "cut_shares",
+    "ended_shares",
     "unknown",
 ]

@@ -38,6 +38,16 @@ def cut_shares(outcomes: list[str]) -> dict[str, float]:
     return {f"ended/{name}": outcomes.count(name) / n for name in CUT_OUTCOMES}
 
 
+def ended_shares(outcomes: list[str]) -> dict[str, float]:
+    """:func:`cut_shares` and ``ended/answer``, the share that ended on an answer: how a training
+    step's episodes ended (the other recipe endings, ``refuse`` and ``stop``, are the remainder).
+
+    >>> ended_shares(["answer", "token_budget", "refuse", "answer"])["ended/answer"]
+    0.5
+    """
+    return {"ended/answer": outcomes.count("answer") / max(len(outcomes), 1)} | cut_shares(outcomes)
+
+
 @dataclass
 class Action:
     """What the runner does next, parsed from one generated segment."""

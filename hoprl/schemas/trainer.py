@@ -198,6 +198,13 @@ class Hyperparameters(BaseModel):
         description="accelerate config for processes > 1: ddp (default), zero2, zero3 (DeepSpeed) or fsdp "
         "(configs/accelerate/<name>.yaml)",
     )
+    warm_start_kl: int | None = Field(
+        None,
+        ge=0,
+        description="GRPO/DAPO at beta 0: episodes a step whose KL to the job's starting weights is measured "
+        "(warm_start_kl/*: a no-grad forward pass of a frozen copy of them); 0 = none; unset: the cpu "
+        "preset's 2, else 0. With beta > 0 the KL is read from TRL's reference log-probs on every episode",
+    )
 
 
 def _nullable(schema: dict[str, Any]) -> None:

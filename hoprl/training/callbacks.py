@@ -3,8 +3,11 @@
 :class:`RunCallback` is one ``TrainerCallback`` per job:
 
 - **metrics**: every ``on_log`` (one per step) goes to the registry at the step, with the
-  rollout's step statistics (``rollout_s``; per-episode means ``retrieval_s``, ``generation_s``
-  and ``searches``) and dynamic-sampling counts; a tqdm bar in the log shows reward, loss and step time.
+  rollout's step statistics (``rollout_s``; per-episode means ``retrieval_s``, ``generation_s``,
+  ``searches`` and ``answer_tokens``; how the episodes ended, ``ended/*``) and dynamic-sampling
+  counts; a tqdm bar in the log shows the step's signals (:data:`POSTFIX`: reward ± its spread,
+  the share of flat groups, the KL to the starting weights, the clip fraction, the answered share,
+  loss and step time). An SFT job logs its loss, gradient norm and token accuracy the same way.
 - **curricula** (:class:`Curricula`): when-to-search's stage 1 -> 2 is checked every step
   (by step count or a plateau of the mean training reward); EVO-RAG's Discovery -> Refinement is
   checked at every checkpoint on a dev split (its mean episode return). A switch is recorded in
@@ -183,6 +186,28 @@ class Curricula:
             setattr(self.curriculum, key, value)
 
 
+#: the progress bar's fields: (metric, label), in order; a metric the step did not log is left out
+POSTFIX = (
+    ("reward", "reward"),
+    ("reward_std", "±"),
+    ("frac_reward_zero_std", "flat"),
+    ("warm_start_kl/k3", "kl0"),
+    ("clip_ratio/region_mean", "clip"),
+    ("ended/answer", "answered"),
+    ("loss", "loss"),
+    ("step_time", "s"),
+)
+
+
+def postfix(metrics: dict[str, float]) -> dict[str, str]:
+    """The tqdm postfix of one step: :data:`POSTFIX`'s metrics that are there, 3 significant digits.
+
+    >>> postfix({"reward": 0.5, "reward_std": 0.25, "loss": 0.01234})
+    {'reward': '0.5', '±': '0.25', 'loss': '0.0123'}
+    """
+    return {label: f"{metrics[k]:.3g}" for k, label in POSTFIX if k in metrics}
+
+
 class RunCallback(TrainerCallback):
     """Registry, curricula, checkpoint state and the progress bar for one run."""
 
@@ -214,8 +239,7 @@ class RunCallback(TrainerCallback):
         self.registry.log_metrics(self.run_id, state.global_step, metrics)
         if self.bar is not None:
             self.bar.n = state.global_step
-            shown = {k: f"{metrics[k]:.3g}" for k in ("reward", "loss", "step_time") if k in metrics}
-            self.bar.set_postfix(shown, refresh=True)
+            self.bar.set_postfix(postfix(metrics), refresh=True)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         totals = getattr(self.rollout, "last_totals", None)

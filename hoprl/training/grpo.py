@@ -10,7 +10,10 @@ TRL does the optimisation; this module only configures it:
   ``epsilon_high`` (R2AG: 0.2 / 0.28) and ``beta`` (0 = no KL, no reference model);
 - :class:`HoprlGRPOTrainer` swaps TRL's k3 KL estimator for ARENA's k2 when asked, and gives
   EVO-RAG's per-step-index advantages (``advantage="per_step"``, below; the paper's sibling
-  normalisation, EVO-RAG's default, is :mod:`hoprl.training.siblings`).
+  normalisation, EVO-RAG's default, is :mod:`hoprl.training.siblings`);
+- what it logs beyond TRL (:mod:`hoprl.training.signals`): TRL's EOS-based ``completions/clipped_ratio``
+  and terminated lengths recomputed from the episodes, and the KL to the job's starting weights
+  (``warm_start_kl/*``) at any beta.
 
 **The k2 estimator.** TRL adds ``beta * k3`` with ``k3 = exp(r - l) - (r - l) - 1`` (``l`` the
 policy's token log-prob, ``r`` the reference's), which grows like ``exp(r - l)`` when the policy
@@ -65,6 +68,7 @@ from hoprl.jobspec import reward_scaling
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.hardware import common_args, per_process
 from hoprl.training.rollout import AgentRollout
+from hoprl.training.signals import WarmStartKL, replace_completion_metrics, warm_start_kl
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -154,6 +158,7 @@ class HoprlGRPOTrainer(GRPOTrainer):
         step_rewards: ``episode -> [R_1, ..., R_T]`` of a scored episode (``EvoRag.step_rewards``);
             required by ``advantage="per_step"``, which reads the episodes of the rollout
             (``rollout_func.last_episodes``, in batch order).
+        warm_start: measures the KL to the starting weights at ``beta == 0`` (``warm_start_kl/*``).
     """
 
     def __init__(
@@ -163,6 +168,7 @@ class HoprlGRPOTrainer(GRPOTrainer):
         advantage: str = "sequence",
         step_rewards: Callable[[Episode], list[float]] | None = None,
         placebo: bool = False,
+        warm_start: WarmStartKL | None = None,
         **kwargs: Any,
     ) -> None:
         if kl_estimator not in ("k3", "k2"):
@@ -176,9 +182,17 @@ class HoprlGRPOTrainer(GRPOTrainer):
         self._policy_logps: torch.Tensor | None = None
         self.preference: Any = None  # EVO-RAG's PreferenceLearner, set by the job (services.trainer.jobs)
         super().__init__(*args, **kwargs)
+        self.warm_start = warm_start
+        if warm_start is not None:
+            warm_start.prepare(self)
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         output: dict[str, Any] = super()._generate_and_score_completions(inputs)
+        agent: Any = self.rollout_func  # an AgentRollout: TRL's completion metrics from its episodes
+        policy: Any = self.model
+        metrics = self._metrics["train" if policy.training else "eval"]
+        policy_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        replace_completion_metrics(metrics, agent.last_episodes, policy_mask, self.accelerator.gather)
         if self.advantage == "per_step" and self.step_rewards is not None:
             rollout: Any = self.rollout_func  # an AgentRollout: the batch's episodes, in order
             episodes = rollout.last_episodes
@@ -200,6 +214,15 @@ class HoprlGRPOTrainer(GRPOTrainer):
             return rewards
         self._metrics["train"]["placebo"].append(1.0)
         return rewards[torch.tensor(self.placebo_rows(rewards.shape[0]), device=rewards.device)]
+
+    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:  # fmt: skip
+        loss: torch.Tensor = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._policy_logps is not None:  # the loss's own policy log-probs: no extra forward
+            mode = "train" if model.training else "eval"
+            for name, value in warm_start_kl(self, inputs, self._policy_logps, self.warm_start).items():
+                self._metrics[mode][name].append(value)
+        return loss
 
     def _get_per_token_logps_and_entropies(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
@@ -302,11 +325,15 @@ def build_grpo(
     callbacks: list[Any] | None = None,
     advantage: str = "sequence",
     placebo: bool = False,
+    warm_start_kl: int = 0,
 ) -> HoprlGRPOTrainer:
     """The trainer for one job; ``trainer.train(resume_from_checkpoint=...)`` runs it.
 
     ``advantage="per_step"`` takes the step rewards from the rollout's recipe (``step_rewards``).
+    ``warm_start_kl``: episodes a step whose KL to ``model``'s weights a frozen copy measures when
+    ``config.beta == 0`` (0: none; with ``beta > 0`` TRL's reference is reused on every episode).
     """
+    measure = WarmStartKL(model, rows=warm_start_kl) if warm_start_kl and config.beta == 0 else None
     return HoprlGRPOTrainer(
         model=model,
         reward_funcs=rollout.reward_funcs,
@@ -319,4 +346,5 @@ def build_grpo(
         advantage=advantage,
         step_rewards=getattr(rollout.recipe, "step_rewards", None),
         placebo=placebo,
+        warm_start=measure,
     )

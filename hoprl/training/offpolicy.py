@@ -227,7 +227,7 @@ class OffPolicyTrainer:
             self.run_id, step, episodes, [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
         )
         stats = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
-        return episodes, stats | episode_stats(episodes)
+        return episodes, stats | episode_stats(episodes, self.tokenizer)
 
     def sibling_episodes(self, step: int, groups: list[Question], began: float) -> tuple[list[Episode], dict[str, float]]:  # fmt: skip # noqa: E501
         """One episode per question with its siblings at every step (EVO-RAG Table 10: n = 1)."""
@@ -253,7 +253,7 @@ class OffPolicyTrainer:
             self.run_id, step, episodes, [{**p, "total": t} for p, t in zip(per, totals, strict=True)]
         )
         stats = {"rollout_s": time.perf_counter() - began, "reward": mean(totals)}
-        return episodes, stats | episode_stats(episodes)
+        return episodes, stats | episode_stats(episodes, self.tokenizer)
 
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         self.model.train()

@@ -55,13 +55,14 @@ import torch
 from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.clients.retriever import AsyncRetrieverClient
-from hoprl.domain import Episode, EpisodeShape, Question, cut_shares
+from hoprl.domain import Episode, EpisodeShape, Question, ended_shares
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
 from hoprl.training.hardware import bf16_mixed_precision
+from hoprl.training.signals import answer_tokens
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
 
 log = logging.getLogger("hoprl.trainer")
@@ -113,14 +114,18 @@ def generation_mode(model: Any, threads: int) -> Iterator[None]:
         model.train(was_training)
 
 
-def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:
+def episode_stats(episodes: Sequence[Episode], tokenizer: Any = None) -> dict[str, float]:
     """Per-episode means logged with each step: seconds spent retrieving and generating,
-    ``searches`` (retrievals; when-to-search's stage 2 should lower it) and the shares of episodes
-    cut by the token budget, a format error or the step cap (``ended/*``: :func:`cut_shares`)."""
+    ``searches`` (retrievals; when-to-search's stage 2 should lower it), the shares of episodes
+    that ended on an answer or were cut by the token budget, a format error or the step cap
+    (``ended/*``: :func:`~hoprl.domain.ended_shares`) and, given the ``tokenizer``,
+    ``answer_tokens``, the final answers' mean length in tokens."""
     n = max(len(episodes), 1)
     stats = {f"{k}_s": sum(e.timings.get(k, 0.0) for e in episodes) / n for k in ("retrieval", "generation")}
-    searches = {"searches": sum(e.retrieval_count for e in episodes) / n}
-    return stats | searches | cut_shares([e.outcome for e in episodes])
+    stats["searches"] = sum(e.retrieval_count for e in episodes) / n
+    if tokenizer is not None:
+        stats["answer_tokens"] = answer_tokens(episodes, tokenizer)
+    return stats | ended_shares([e.outcome for e in episodes])
 
 
 @dataclass
@@ -202,7 +207,8 @@ class AgentRollout:
             episodes, questions, per, totals = asyncio.run(
                 self.collect(groups, engine, trainer, weights, step)
             )
-        self.step_stats = {"rollout_s": time.perf_counter() - start, **episode_stats(episodes)}
+        stats = episode_stats(episodes, trainer.processing_class)
+        self.step_stats = {"rollout_s": time.perf_counter() - start, **stats}
         # Several processes: every rank rolled out its share; the step's whole set is gathered so
         # rank 0 stores it once and every rank's curriculum sees the same totals (distributed.py).
         everything = distributed.gather(list(zip(episodes, per, totals, strict=True)))

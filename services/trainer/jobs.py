@@ -251,7 +251,8 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
     callbacks: list[Any] = [PreferenceCallback(preference)] if preference is not None else []
     callbacks.append(RunCallback(registry, run_id, curricula, rollout))
     trainer = build_grpo(model, tokenizer, rollout, train, args, hp.kl_estimator or "k3", callbacks,
-                         advantage=hp.advantage or "sequence", placebo=hp.placebo)  # fmt: skip
+                         advantage=hp.advantage or "sequence", placebo=hp.placebo,
+                         warm_start_kl=hp.warm_start_kl or 0)  # fmt: skip
     trainer.preference = preference
     return trainer
 

@@ -36,9 +36,10 @@ from flows.pipeline import pipeline
 from flows.progress import watch_job
 from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls
-from flows.training import TrainerJobFailed, boundaries, run_job, train
+from flows.training import HEADROOM_STEP, TrainerJobFailed, boundaries, headroom, run_job, train
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.clients.trainer import TrainerClient
+from hoprl.data.jsonl import load_questions
 from hoprl.ports import free_port
 from hoprl.schemas.trainer import Job
 from services.local import LocalServer
@@ -221,6 +222,30 @@ def test_train_runs_segments_and_switches_stage(
     assert jobs[0].model == reg.checkpoints("train-run")[1].path and jobs[0].stage == "stage2"
 
 
+def test_headroom_samples_the_warm_start_on_dev(
+    indexed: dict[str, Any], urls: ServiceUrls, tiny_model: str
+) -> None:
+    """k = 3 sampled episodes of each of 4 dev questions. The scripted policy answers every sample
+    of a question alike, right on the even questions (conftest.scripts): pass@1 = pass@3 = the
+    share of the answerable ones that are even, and every group is flat (no reward spread)."""
+    reg = registry()
+    reg.create_run("headroom-run", "when-to-search", "dapo", tiny_model, {}, 0)
+    reg.add_checkpoint("headroom-run", 0, tiny_model, {"objective": "base"})
+    request = {"recipe": "when-to-search", "objective": "dapo", "dataset": "synthetic", "seed": 0,
+               "collection": indexed["index"]["collection"],
+               "hyperparameters": {"num_generations": 3, "max_steps": 4, "max_new_tokens_per_step": 64,
+                                   "token_budget": 512, "temperature": 0.9}}  # fmt: skip
+    dev = {"path": indexed["data"]["paths"]["dev"], "limit": 4}
+    got = headroom("headroom-run", request, dev, urls)
+    answerable = [i for i, q in enumerate(load_questions(dev["path"], 4)) if q.answers]
+    right = sum(1 for i in answerable if i % 2 == 0) / len(answerable)
+    assert got["headroom/k"] == 3 and got["headroom/questions"] == len(answerable)
+    assert got["headroom/pass@1"] == pytest.approx(right) and got["headroom/pass@k"] == pytest.approx(right)
+    assert got["headroom/frac_reward_zero_std"] == 1.0 and got["headroom/temperature"] == 0.9
+    assert reg.count_episodes("headroom-run", HEADROOM_STEP) == 4 * 3
+    assert reg.latest_metrics("headroom-run")["headroom/pass@k"] == got["headroom/pass@k"]  # at step 0
+
+
 def artifact_keys(flow_run_id: str) -> list[str]:
     """The keys of the artifacts that belong to a flow run, as its Artifacts tab lists them."""
 
@@ -300,6 +325,12 @@ def test_pipeline_killed_mid_training_resumes_with_the_same_run_id(
     # dev checks between segments only: the last checkpoint goes to the final evaluation at once
     assert [reg.count_episodes(run_id, s) for s in (2, 4)] == [2, 0]
     assert [step for step, _ in reg.metric_series(run_id, "dev/em")] == [2]
+    # The warm start's loss per SFT step, its headroom before RL (2 dev questions x 2 samples) and
+    # every RL step's signals, in the run and its report
+    assert [step for step, _ in reg.metric_series(run_id, "sft/loss")] == [1]
+    assert reg.count_episodes(run_id, -1) == 2 * 2 and reg.latest_metrics(run_id)["headroom/k"] == 2
+    assert [step for step, _ in reg.metric_series(run_id, "train/frac_reward_zero_std")] == [1, 2, 3, 4]
+    assert "## Training" in Path(result["report"]).read_text()
     # The run again: the same results, and no checkpoint, episode or trainer job added.
     assert result["before"] == again["before"] and result["after"] == again["after"]
     assert counts == counts_again

@@ -53,6 +53,14 @@ HEAD = "grpo job-1 (seg)"
                                                               "ended/format_error": 0.25}}), None, 1.0,
          f"{HEAD} [#####-----] step 5/10 (50%), reward 0.500, cut by token_budget 0.12 / format_error 0.25, "
          "1 s in"),
+        # an RL step's signals: reward ± its spread, half the groups flat (no gradient), the KL to
+        # the warm start, no clipped ratio, 7 of 8 episodes answered (0.875)
+        (Job.model_validate({**job(1, "succeeded").model_dump(), "metrics": {
+            "reward": 0.464, "reward_std": 0.712, "loss": 0.003, "frac_reward_zero_std": 0.5,
+            "warm_start_kl/k3": 0.00123, "clip_ratio/region_mean": 0.0, "ended/answer": 0.875,
+            "ended/token_budget": 0.125}}), None, 1.0,
+         f"{HEAD} [#---------] step 1/10 (10%), reward 0.464 ± 0.712, loss 0.003, flat groups 0.50, "
+         "KL to start 0.00123, clipped 0.000, answered 0.88, cut by token_budget 0.12, succeeded"),
     ],
 )  # fmt: skip
 def test_progress_line(state: Job, rate: float | None, waited: float, text: str) -> None:

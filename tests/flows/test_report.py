@@ -171,20 +171,6 @@ def test_accuracy_plot_labels_never_overlap() -> None:
         plt.close(fig)
 
 
-def test_the_training_plot_shows_the_rewards_spread_components_and_cuts(run_id: str, tmp_path: Path) -> None:
-    from flows.report import training_plot
-
-    reg = registry()
-    for step, (mean, std) in enumerate([(-0.9, 0.1), (-0.5, 0.4)], start=1):
-        reg.log_metrics(run_id, step, {"train/reward": mean, "train/reward_std": std,
-                                       "train/rewards/format/mean": mean / 2, "train/rewards/format/std": std,
-                                       "train/rewards/answer/mean": mean / 2,
-                                       "train/ended/token_budget": 0.25, "train/ended/format_error": 0.125,
-                                       "dev/em": 0.1 * step})  # fmt: skip
-    path = training_plot(run_id, tmp_path / "training.png")
-    assert path is not None and path.stat().st_size > 10_000
-
-
 def test_paper_figures_beside_ours_only_for_the_papers_backbone() -> None:
     """ARENA's Table 3: ARENA-Qwen-7B (Qwen2.5-7B-Instruct) EM 0.628 on HotpotQA. A run serving that
     backbone with EM 0.5 shows 0.5 - 0.628 = -0.128; a run serving another model shows the paper's

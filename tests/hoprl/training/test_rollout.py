@@ -18,7 +18,7 @@ def episode(searches: int, retrieval_s: float, generation_s: float) -> Episode:
 
 def test_episode_stats_are_means_over_the_episodes() -> None:
     episodes = [episode(2, 0.5, 3.0), episode(1, 0.25, 2.0), episode(0, 0.0, 1.0), episode(0, 0.0, 2.0)]
-    episodes[-1].outcome = "token_budget"  # 1 of 4 episodes cut by the budget: 0.25
+    episodes[-1].outcome = "token_budget"  # 1 of 4 episodes cut by the budget: 0.25; 3 answered
     got = episode_stats(episodes)
     # (0.5 + 0.25) / 4, (3 + 2 + 1 + 2) / 4, (2 + 1) / 4
     assert got == pytest.approx(
@@ -26,6 +26,7 @@ def test_episode_stats_are_means_over_the_episodes() -> None:
             "retrieval_s": 0.1875,
             "generation_s": 2.0,
             "searches": 0.75,
+            "ended/answer": 0.75,
             "ended/token_budget": 0.25,
             "ended/format_error": 0.0,
             "ended/step_cap": 0.0,
@@ -38,6 +39,7 @@ def test_no_episodes_give_zeros_not_an_error() -> None:
         "retrieval_s": 0.0,
         "generation_s": 0.0,
         "searches": 0.0,
+        "ended/answer": 0.0,
         "ended/token_budget": 0.0,
         "ended/format_error": 0.0,
         "ended/step_cap": 0.0,

@@ -1,0 +1,171 @@
+"""The signals that say whether an RL step is working, beside what TRL logs.
+
+TRL's GRPOTrainer logs, per step, the reward's mean and spread (``reward``, ``reward_std``, each
+reward function's ``rewards/<name>/mean`` and ``/std``), the share of groups whose rewards have no
+spread (``frac_reward_zero_std``), the importance-ratio clip fractions (``clip_ratio/*``), the
+policy's token ``entropy``, the gradient norm (``grad_norm``) and, with ``beta > 0``, the KL term
+(``kl``). This module adds what an agent's episodes need:
+
+- **TRL's completion metrics, corrected.** TRL calls a completion *clipped* when its last token
+  is not EOS (``completions/clipped_ratio``) and averages the lengths of the others
+  (``completions/mean_terminated_length``, ``min_``, ``max_``). An agent episode ends on a tag
+  (``</answer>``), never on EOS, so TRL read 1.0 and 0 on every step. :func:`completion_metrics`
+  recomputes them from the episodes: an episode is clipped when a limit of its shape cut it
+  (:data:`LIMIT_OUTCOMES`: the token budget or the step cap), and the terminated lengths are the
+  policy tokens (mask 1, TRL's ``completions/mean_length``) of the others;
+  :func:`replace_completion_metrics` writes them over TRL's values of the step.
+- **KL to the weights the job started from, at any beta** (:class:`WarmStartKL`). TRL loads no
+  reference model when ``beta == 0`` (DAPO), so nothing says how far the policy moved. With
+  ``beta > 0`` the reference log-probs TRL computed are reused (no cost); otherwise a frozen copy
+  of the starting weights scores the step's sampled tokens in a no-grad forward pass (on the first
+  ``rows`` episodes of the step, or all). Per policy token, with ``x = log πθ - log πref``:
+  ``k1 = x`` and ``k3 = exp(-x) + x - 1`` (Schulman, "Approximating KL divergence"), averaged over
+  the step's mask-1 tokens: ``warm_start_kl/k1``, ``warm_start_kl/k3``, and the forward pass's
+  seconds ``warm_start_kl/forward_s`` (0 when TRL's reference was reused).
+- :func:`answer_tokens`: the mean length, in tokens, of the final answers of the step's episodes.
+
+>>> [round(v, 4) for v in kl_sums(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.0, -3.0]]),
+...                                torch.tensor([[1.0, 1.0]]))]
+[1.0, 0.3679, 2.0]
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from trl.trainer.utils import add_fused_lm_head
+
+from hoprl.domain import Episode
+
+#: outcomes a limit of the episode's shape decided: TRL's "clipped" for an agent episode
+LIMIT_OUTCOMES = ("token_budget", "step_cap")
+#: TRL's completion metrics that read EOS, which an agent episode never ends on
+COMPLETION_KEYS = (
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
+
+
+def answer_tokens(episodes: Sequence[Episode], tokenizer: Any) -> float:
+    """Mean tokens of the final answers of ``episodes`` that gave one (0.0 when none did)."""
+    answers = [e.final_answer for e in episodes if e.final_answer is not None]
+    counts = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+    return sum(counts) / len(counts) if counts else 0.0
+
+
+def completion_metrics(clipped: Sequence[bool], lengths: Sequence[float]) -> dict[str, float]:
+    """:data:`COMPLETION_KEYS` from each episode's ``clipped`` flag and its policy-token length.
+
+    The terminated lengths are NaN when every episode was clipped (TRL's log leaves a NaN out).
+
+    >>> completion_metrics([True, False, False], [90, 30, 50])["completions/mean_terminated_length"]
+    40.0
+    """
+    ended = [n for n, cut in zip(lengths, clipped, strict=True) if not cut]
+    nan = float("nan")
+    return {
+        "completions/clipped_ratio": sum(clipped) / max(len(clipped), 1),
+        "completions/mean_terminated_length": sum(ended) / len(ended) if ended else nan,
+        "completions/min_terminated_length": min(ended, default=nan),
+        "completions/max_terminated_length": max(ended, default=nan),
+    }
+
+
+def replace_completion_metrics(
+    metrics: dict[str, list[float]],
+    episodes: Sequence[Episode],
+    policy_mask: torch.Tensor,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """Overwrite the step's TRL values of :data:`COMPLETION_KEYS` in ``metrics`` (a trainer's
+    ``_metrics[mode]``, where TRL has just appended them) with the episodes' own.
+
+    Args:
+        policy_mask: ``[episodes, tokens]``, 1 on the policy's tokens (rows in episode order).
+        gather: the accelerator's, so every process's episodes count (TRL gathers its own alike).
+    """
+    device = policy_mask.device
+    clipped = gather(torch.tensor([e.outcome in LIMIT_OUTCOMES for e in episodes], device=device))
+    lengths = gather(policy_mask.sum(-1).float())
+    values = completion_metrics([bool(c) for c in clipped.tolist()], lengths.tolist())
+    for key, value in values.items():
+        if metrics.get(key):
+            metrics[key][-1] = value
+        else:
+            metrics[key] = [value]
+
+
+def kl_sums(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """``(sum k1, sum k3, tokens)`` over the mask-1 tokens; ``x = logps - ref_logps`` per token,
+    ``k1 = x``, ``k3 = exp(-x) + x - 1`` (module docstring)."""
+    x = (logps - ref_logps).float()
+    k3 = torch.exp(-x) + x - 1
+    m = mask.float()
+    return float((x * m).sum()), float((k3 * m).sum()), float(m.sum())
+
+
+class WarmStartKL:
+    """The KL of the policy to the weights its job started from, per step (module docstring).
+
+    Build it from the model *before* the trainer wraps or patches it, then :meth:`prepare` it with
+    the trainer (it gets the trainer's fused LM head at the rollouts' temperature, so its
+    log-probs are comparable with the policy's).
+
+    Args:
+        model: the policy as the job loaded it; a frozen copy is kept (the memory of one model).
+        rows: score only the first ``rows`` episodes of a step (TRL shuffles a step's episodes
+            before the loss, so they are a random draw); ``None``: every episode.
+    """
+
+    def __init__(self, model: Any, rows: int | None = None) -> None:
+        self.frozen = copy.deepcopy(model).eval().requires_grad_(False)
+        self.rows = rows
+
+    def prepare(self, trainer: Any) -> None:
+        fp32_head = trainer.args.cast_lm_head_to_fp32
+        add_fused_lm_head(self.frozen, temperature=trainer.temperature, cast_lm_head_to_fp32=fp32_head)
+        self.frozen = trainer.accelerator.prepare_model(self.frozen, evaluation_mode=True)
+
+    @torch.no_grad()
+    def reference_logps(self, trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        """The frozen copy's log-probs of the first :attr:`rows` episodes' completion tokens."""
+        rows = slice(None, self.rows)
+        prompt, completion = inputs["prompt_ids"][rows], inputs["completion_ids"][rows]
+        ids = torch.cat([prompt, completion], dim=1)
+        attention = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            self.frozen, ids, attention, completion.size(1)
+        )
+        return logps
+
+
+def warm_start_kl(
+    trainer: Any, inputs: dict[str, Any], policy_logps: torch.Tensor, measure: WarmStartKL | None
+) -> dict[str, float]:
+    """The step's ``warm_start_kl/*`` (module docstring): from TRL's reference log-probs when it has
+    them (``beta > 0``), else from ``measure``'s frozen copy; ``{}`` when neither is there."""
+    reference = inputs.get("ref_per_token_logps")
+    seconds, rows = 0.0, policy_logps.size(0)
+    if reference is None:
+        if measure is None:
+            return {}
+        start = time.perf_counter()
+        reference = measure.reference_logps(trainer, inputs)
+        seconds, rows = time.perf_counter() - start, reference.size(0)
+    mask = inputs["completion_mask"]
+    if "tool_mask" in inputs:
+        mask = mask * inputs["tool_mask"]
+    mask = mask[:rows]
+    sums = kl_sums(policy_logps[:rows].detach(), reference, mask)
+    totals = trainer.accelerator.reduce(torch.tensor(sums, device=mask.device), reduction="sum")
+    k1, k3, tokens = totals.tolist()
+    timing = {"warm_start_kl/forward_s": seconds}
+    if tokens == 0:
+        return timing
+    return {"warm_start_kl/k1": k1 / tokens, "warm_start_kl/k3": k3 / tokens, **timing}

@@ -1,0 +1,207 @@
+"""The per-step signals of an RL step beyond TRL's: how episodes ended, TRL's completion metrics
+recomputed from the episodes, the answer length and the KL to the warm start.
+
+The expected values are worked out by hand from small hand-built episodes; the KL is checked by
+hand on one token of a tiny model, and in two real steps of a tiny model's training.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hoprl.domain import Action, Episode, Question, Step, ended_shares
+from hoprl.jobspec import resolve
+from hoprl.recipes.baselines import SearchR1
+from hoprl.schemas.trainer import Hyperparameters
+from hoprl.training.grpo import build_grpo, grpo_config
+from hoprl.training.rollout import AgentRollout, RolloutOptions, episode_stats
+from hoprl.training.signals import (
+    answer_tokens,
+    completion_metrics,
+    kl_sums,
+    replace_completion_metrics,
+    warm_start_kl,
+)
+from tests.conftest import shape
+
+
+def episode(outcome: str, answer: str | None = None, searches: int = 0) -> Episode:
+    search = {"action": "search", "text": "<search>q</search>", "queries": ["q"]}
+    steps = [Step(t=t, **search) for t in range(1, searches + 1)]
+    return Episode(recipe="search-r1", question_id="q", question="?", steps=steps, final_answer=answer,
+                   outcome=outcome)  # fmt: skip
+
+
+class Words:
+    """A tokenizer that makes one token of each word (the counts below are then counted by eye)."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": list(range(len(text.split())))}
+
+
+def test_how_the_episodes_ended() -> None:
+    """5 episodes: 2 answered (0.4), 1 cut by the budget, 1 by a format error (0.2 each), 1 refused
+    (counted in no share: the recipe's own ending), none by the step cap."""
+    got = ended_shares(["answer", "token_budget", "answer", "refuse", "format_error"])
+    assert got == pytest.approx(
+        {"ended/answer": 0.4, "ended/token_budget": 0.2, "ended/format_error": 0.2, "ended/step_cap": 0.0}
+    )
+
+
+def test_answer_length_counts_the_final_answers_only() -> None:
+    """Answers of 3 words and 1 word, and an episode cut before answering: (3 + 1) / 2 = 2 tokens."""
+    episodes = [episode("answer", "New York City"), episode("answer", "1961"), episode("token_budget")]
+    assert answer_tokens(episodes, Words()) == 2.0
+    assert answer_tokens([episode("format_error")], Words()) == 0.0
+
+
+def test_episode_stats_carry_the_answer_share_and_length() -> None:
+    """2 searches + 0 + 1 over 3 episodes = 1.0 search each; 2 of 3 answered; answers of 2 and 1 words."""
+    episodes = [episode("answer", "two words", 2), episode("answer", "one"), episode("step_cap", None, 1)]
+    got = episode_stats(episodes, Words())
+    assert got["searches"] == 1.0
+    assert got["answer_tokens"] == 1.5
+    assert got["ended/answer"] == pytest.approx(2 / 3) and got["ended/step_cap"] == pytest.approx(1 / 3)
+    assert "answer_tokens" not in episode_stats(episodes)  # no tokenizer, no length
+
+
+def test_trls_clipped_ratio_is_replaced_by_the_episodes_own() -> None:
+    """4 episodes with 30, 90, 60 and 20 policy tokens. TRL, looking for EOS at the end of each
+    completion, called all 4 clipped (1.0) with no terminated length (0). Two were cut by a limit of
+    the episode's shape (token budget, step cap): clipped 2/4 = 0.5; the other two (an answer, a
+    format error: the policy ended them) are terminated: mean (30 + 20) / 2 = 25, min 20, max 30."""
+    episodes = [episode("answer"), episode("token_budget"), episode("step_cap"), episode("format_error")]
+    mask = torch.zeros(4, 100)
+    for row, tokens in enumerate([30, 90, 60, 20]):
+        mask[row, :tokens] = 1
+    metrics: dict[str, list[float]] = {
+        "reward": [0.5],
+        "completions/mean_length": [50.0],
+        "completions/clipped_ratio": [1.0],
+        "completions/mean_terminated_length": [0.0],
+        "completions/min_terminated_length": [0.0],
+        "completions/max_terminated_length": [0.0],
+    }
+    replace_completion_metrics(metrics, episodes, mask, gather=lambda t: t)
+    assert metrics == {
+        "reward": [0.5],
+        "completions/mean_length": [50.0],
+        "completions/clipped_ratio": [0.5],
+        "completions/mean_terminated_length": [25.0],
+        "completions/min_terminated_length": [20.0],
+        "completions/max_terminated_length": [30.0],
+    }
+
+
+def test_every_episode_clipped_leaves_no_terminated_length() -> None:
+    got = completion_metrics([True, True], [96.0, 80.0])
+    assert got["completions/clipped_ratio"] == 1.0
+    assert math.isnan(got["completions/mean_terminated_length"])  # TRL's log leaves NaN out
+
+
+def test_kl_estimators_by_hand() -> None:
+    """Three policy tokens, x = log πθ - log πref = 0, 1, -0.5; the third is injected (mask 0).
+    k1 sums x: 0 + 1 = 1; k3 sums exp(-x) + x - 1: 0 + (e^-1 + 0) = 0.3679; 2 tokens."""
+    logps = torch.tensor([[-2.0, -1.0, -3.0]])
+    ref = torch.tensor([[-2.0, -2.0, -2.5]])
+    k1, k3, tokens = kl_sums(logps, ref, torch.tensor([[1, 1, 0]]))
+    assert (k1, tokens) == (1.0, 2.0)
+    assert k3 == pytest.approx(math.exp(-1))
+
+
+class AnswerAtOnce(SearchR1):
+    """Every segment is read as the answer: every episode ends on ``answer`` (never on EOS, as an
+    agent's episode), and the reward is the generated length (it varies for a random model)."""
+
+    stop = [" "]  # noqa: RUF012
+
+    def parse(self, segment: str) -> Action:
+        return Action("answer", answer=segment.strip() or "x")
+
+    def reward_funcs(self) -> list[Any]:
+        def length(prompts: Any, completions: Any, **kw: Any) -> list[float | None]:
+            return [len(e.completion_text()) / 10 for e in kw["episodes"]]
+
+        return [length]
+
+
+def trainer_for(tiny_model: str, retriever_url: str, collection: str, questions: list[Question], tmp: Path,
+                steps: int, rows: int, temperature: float = 1.0) -> Any:  # fmt: skip
+    hp = resolve(Hyperparameters(learning_rate=1e-2, questions_per_step=2, num_generations=3, max_steps=2,
+                                 max_new_tokens_per_step=12, token_budget=96, save_steps=100, beta=0.0,
+                                 temperature=temperature, warm_start_kl=rows), "search-r1")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    opts = RolloutOptions(collection=collection, retriever_url=retriever_url, num_generations=3,
+                          shape=shape(max_steps=2, max_new_tokens_per_step=12, token_budget=96,
+                                      temperature=temperature))  # fmt: skip
+    rollout = AgentRollout(AnswerAtOnce(), questions, opts)
+    config = grpo_config(hp, "dapo", steps=steps, output_dir=str(tmp / "out"), seed=0)
+    return build_grpo(model, tokenizer, rollout, questions, config, warm_start_kl=hp.warm_start_kl or 0)
+
+
+def test_the_kl_to_the_warm_start_of_one_token_by_hand(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The policy is moved off its starting weights (final norm x3); one completion token is scored.
+    By hand: log-softmax of each model's logits over temperature 0.7 at the token, from a plain
+    forward of the policy and of the starting weights loaded afresh from disk; x = their difference,
+    k1 = x, k3 = exp(-x) + x - 1."""
+    monkeypatch.setenv("HOPRL_BF16", "0")  # fp32 on both sides, as the hand computation
+    trainer = trainer_for(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, 1, 8, 0.7)
+    assert trainer.ref_model is None and trainer.warm_start is not None  # beta 0: TRL has no reference
+    with torch.no_grad():
+        trainer.model.model.norm.weight.mul_(3.0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
+    token = tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+    ones = torch.ones_like(prompt)
+    inputs = {"prompt_ids": prompt, "prompt_mask": ones, "completion_ids": torch.tensor([[token]]),
+              "completion_mask": torch.tensor([[1]]), "tool_mask": torch.tensor([[1]])}  # fmt: skip
+    ids = torch.cat([prompt, inputs["completion_ids"]], dim=1)
+    policy, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 1)
+    got = warm_start_kl(trainer, inputs, policy, trainer.warm_start)
+
+    start = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with torch.no_grad():
+        mine = torch.log_softmax(trainer.model(prompt).logits[0, -1] / 0.7, -1)[token]
+        theirs = torch.log_softmax(start(prompt).logits[0, -1] / 0.7, -1)[token]
+    x = float(mine - theirs)
+    assert abs(x) > 0.01, "the moved policy must differ from its start on this token"
+    assert got["warm_start_kl/k1"] == pytest.approx(x, abs=1e-4)
+    assert got["warm_start_kl/k3"] == pytest.approx(math.exp(-x) + x - 1, abs=1e-4)
+    assert got["warm_start_kl/forward_s"] > 0
+
+
+def test_two_steps_log_the_kl_to_the_warm_start_and_the_episodes_clipped_share(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
+) -> None:
+    """Step 1 runs on the starting weights: KL 0. Step 2 runs after a large update (lr 1e-2): KL > 0.
+    Every episode ends on an answer, so none is clipped (TRL, reading EOS, called every one clipped)
+    and every one is terminated: the mean terminated length is TRL's own mean policy-token length."""
+    trainer = trainer_for(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, 2, 6)
+    trainer.train()
+    first, second = [h for h in trainer.state.log_history if "reward" in h]
+    assert first["warm_start_kl/k3"] == pytest.approx(0.0, abs=1e-6)
+    assert first["warm_start_kl/k1"] == pytest.approx(0.0, abs=1e-6)
+    assert second["warm_start_kl/k3"] > 1e-4
+    for step in (first, second):
+        assert step["completions/clipped_ratio"] == 0.0
+        assert step["completions/mean_terminated_length"] == pytest.approx(step["completions/mean_length"])
+        assert step["completions/max_terminated_length"] == step["completions/max_length"]
+        assert {"frac_reward_zero_std", "clip_ratio/region_mean", "entropy", "grad_norm"} <= step.keys()
+
+
+def test_the_cpu_preset_measures_the_kl_on_two_episodes_a_step_and_the_paper_preset_on_none() -> None:
+    """2 of make run's 8 episodes: the frozen copy's forward pass cost 7-9% of the loss, under 10% of
+    a step (all 8: 26-30% of the loss; docs/training.md, "What a step logs")."""
+    assert resolve(Hyperparameters(preset="cpu"), "when-to-search").warm_start_kl == 2
+    assert resolve(Hyperparameters(), "when-to-search").warm_start_kl == 0
+    assert resolve(Hyperparameters(preset="cpu", warm_start_kl=8), "when-to-search").warm_start_kl == 8
