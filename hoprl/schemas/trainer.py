@@ -165,6 +165,15 @@ class Hyperparameters(BaseModel):
         "and the step; the same job with and without it tells a gain the reward made from one any update "
         "makes",
     )
+    lora_rank: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="GRPO / DAPO / Dr. GRPO through TRL: train LoRA adapters of this rank on every linear "
+        "layer (peft) instead of every weight; unset: full fine-tuning. LoRA RL is reported to want about "
+        "10x the full-tuning learning rate",
+    )
+    lora_alpha: int | None = Field(None, ge=1, le=4096, description="LoRA's alpha (default: twice the rank)")
     recipe_config: dict[str, Any] = Field(
         default_factory=dict, description="the recipe's own config (e.g. when-to-search switch_step)"
     )

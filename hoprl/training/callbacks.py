@@ -46,6 +46,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hoprl.registry.models import CheckpointRow, EpisodeRow, MetricRow, StageRow, StageSwitchRow
 from hoprl.registry.store import Registry
+from hoprl.training.lora import is_lora, save_merged, servable
 
 log = logging.getLogger("hoprl.trainer")
 STATE_FILE = "hoprl_state.json"
@@ -89,7 +90,7 @@ def start_attempt(registry: Registry, run_id: str, output_dir: Path) -> int:
         reopen = update(StageRow).where(StageRow.run_id == run_id, StageRow.ended_at_step > step)
         s.execute(reopen.values(ended_at_step=None))
     if checkpoint is not None:
-        registry.add_checkpoint(run_id, step, str(checkpoint), registry.latest_metrics(run_id))
+        registry.add_checkpoint(run_id, step, str(servable(checkpoint)), registry.latest_metrics(run_id))
     log.info(
         "run %s: attempt %d, resuming after step %d (records of later steps deleted)", run_id, attempt, step
     )
@@ -253,10 +254,13 @@ class RunCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"checkpoint-{step}"
+        model = kwargs.get("model")
+        if model is not None and is_lora(model):  # a whole model to serve, beside TRL's adapter files
+            save_merged(model, kwargs["processing_class"], folder)
         payload = {"step": step, "stage": self.curricula.stage, "curriculum": self.curricula.state()}
         (folder / STATE_FILE).write_text(json.dumps(payload, indent=1))
         self.registry.add_checkpoint(
-            self.run_id, step, str(folder), self.registry.latest_metrics(self.run_id)
+            self.run_id, step, str(servable(folder)), self.registry.latest_metrics(self.run_id)
         )
         log.info("checkpoint %s (stage %s)", folder, payload["stage"])
 

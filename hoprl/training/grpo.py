@@ -326,6 +326,7 @@ def build_grpo(
     advantage: str = "sequence",
     placebo: bool = False,
     warm_start_kl: int = 0,
+    peft_config: Any = None,
 ) -> HoprlGRPOTrainer:
     """The trainer for one job; ``trainer.train(resume_from_checkpoint=...)`` runs it.
 
@@ -347,4 +348,5 @@ def build_grpo(
         step_rewards=getattr(rollout.recipe, "step_rewards", None),
         placebo=placebo,
         warm_start=measure,
+        peft_config=peft_config,
     )

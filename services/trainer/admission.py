@@ -260,30 +260,38 @@ def check_limits(request: JobRequest, hp: Hyperparameters, settings: TrainerSett
         )  # fmt: skip
 
 
-def check_placebo(request: JobRequest, hp: Hyperparameters) -> None:
-    """422 for a placebo on a loop that is not TRL's GRPO family (the permutation lives there)."""
-    if not hp.placebo:
-        return
-    loop = None
+def trl_only_loop(request: JobRequest, hp: Hyperparameters) -> str | None:
+    """The loop a job trains in when it is not TRL's GRPO family (None when it is)."""
     if request.objective not in ("grpo", "dapo", "dr_grpo"):
-        loop = f"objective {request.objective}"
-    elif hp.advantage == "siblings":
-        loop = "advantage = siblings (EVO-RAG's sibling loop)"
-    elif request.recipe == "r2ag":
-        loop = "r2ag's rounds"
-    if loop is not None:
-        raise ApiError(
-            422, "placebo_unsupported",
-            f"hyperparameters.placebo: {loop} does not permute rewards; the placebo runs with grpo, dapo "
-            "or dr_grpo through TRL (advantage sequence or per_step)",
-        )  # fmt: skip
+        return f"objective {request.objective}"
+    if hp.advantage == "siblings":
+        return "advantage = siblings (EVO-RAG's sibling loop)"
+    if request.recipe == "r2ag":
+        return "r2ag's rounds"
+    return None
+
+
+def check_trl_options(request: JobRequest, hp: Hyperparameters) -> None:
+    """422 for a placebo or LoRA on a loop that is not TRL's GRPO family (both live there)."""
+    asked = [("placebo", "does not permute rewards")] if hp.placebo else []
+    if hp.lora_rank is not None:
+        asked.append(("lora_rank", "trains every weight"))
+    loop = trl_only_loop(request, hp) if asked else None
+    if loop is None:
+        return
+    field, what = asked[0]
+    raise ApiError(
+        422, f"{field}_unsupported",
+        f"hyperparameters.{field}: {loop} {what}; {field} works with grpo, dapo or dr_grpo through TRL "
+        "(advantage sequence or per_step)",
+    )  # fmt: skip
 
 
 def admit(request: JobRequest, settings: TrainerSettings, registry: Registry) -> JobRequest:
     """``request`` with its paths checked and made absolute, its sizes within the limits; else 4xx."""
     hp = resolve(request.hyperparameters, request.recipe, request.objective)
     check_limits(request, hp, settings)
-    check_placebo(request, hp)
+    check_trl_options(request, hp)
     check_machine(request, hp, settings)
     updates = {"dataset": admit_dataset(request.dataset, settings)}
     if request.model is not None:

@@ -232,6 +232,7 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
 
         return R2agRounds(request, hp, recipe, model, tokenizer, train, opts, registry, run_id, output_dir)
     from hoprl.training.grpo import build_grpo, grpo_config
+    from hoprl.training.lora import lora_config
     from hoprl.training.preference_learning import PreferenceCallback, preference_learner
     from hoprl.training.rollout import AgentRollout
 
@@ -252,7 +253,7 @@ def build_trainer(request: JobRequest, hp: Hyperparameters, recipe: Any, model: 
     callbacks.append(RunCallback(registry, run_id, curricula, rollout))
     trainer = build_grpo(model, tokenizer, rollout, train, args, hp.kl_estimator or "k3", callbacks,
                          advantage=hp.advantage or "sequence", placebo=hp.placebo,
-                         warm_start_kl=hp.warm_start_kl or 0)  # fmt: skip
+                         warm_start_kl=hp.warm_start_kl or 0, peft_config=lora_config(hp))  # fmt: skip
     trainer.preference = preference
     return trainer
 

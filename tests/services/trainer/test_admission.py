@@ -224,8 +224,9 @@ def test_one_sample_a_question_is_ppo_only(trainer: httpx.Client) -> None:
     )
 
 
-def test_the_placebo_runs_only_where_rewards_are_permuted(trainer: httpx.Client) -> None:
-    """The placebo permutes rewards inside TRL's GRPO family; a loop that cannot is a 422 naming it."""
+def test_the_placebo_and_lora_run_only_in_trls_grpo_family(trainer: httpx.Client) -> None:
+    """The placebo permutes rewards and LoRA wraps the policy inside TRL's GRPO family; a loop that
+    cannot is a 422 naming it."""
     for request, loop in [
         ({"recipe": "evo-rag", "objective": "ppo"}, "objective ppo"),
         ({"recipe": "evo-rag", "objective": "grpo"}, "advantage = siblings"),  # EVO-RAG's default loop
@@ -237,6 +238,10 @@ def test_the_placebo_runs_only_where_rewards_are_permuted(trainer: httpx.Client)
         assert loop in body["message"]
     assert post(trainer, hyperparameters={"placebo": True}).status_code == 201
     assert post(trainer, recipe="r2ag", hyperparameters={"placebo": False}).status_code == 201
+    response = post(trainer, objective="sft", hyperparameters={"lora_rank": 8})
+    assert (response.status_code, response.json()["error"]) == (422, "lora_rank_unsupported")
+    assert "objective sft" in response.json()["message"]
+    assert post(trainer, hyperparameters={"lora_rank": 8, "placebo": True}).status_code == 201
 
 
 def test_default_limits_refuse_a_million_steps(trainer: httpx.Client) -> None:
