@@ -165,6 +165,14 @@ class Hyperparameters(BaseModel):
         "and the step; the same job with and without it tells a gain the reward made from one any update "
         "makes",
     )
+    micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="GRPO / DAPO / Dr. GRPO through TRL: episodes per forward and backward pass; a step's "
+        "episodes are rolled out together and their gradients accumulated over passes of this many (the "
+        "same update, less activation memory); unset: the whole step in one pass",
+    )
     lora_rank: int | None = Field(
         None,
         ge=1,

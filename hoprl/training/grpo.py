@@ -192,7 +192,8 @@ class HoprlGRPOTrainer(GRPOTrainer):
         policy: Any = self.model
         metrics = self._metrics["train" if policy.training else "eval"]
         policy_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        replace_completion_metrics(metrics, agent.last_episodes, policy_mask, self.accelerator.gather)
+        if getattr(agent, "last_episodes", None) is not None:  # token rows without episodes keep TRL's
+            replace_completion_metrics(metrics, agent.last_episodes, policy_mask, self.accelerator.gather)
         if self.advantage == "per_step" and self.step_rewards is not None:
             rollout: Any = self.rollout_func  # an AgentRollout: the batch's episodes, in order
             episodes = rollout.last_episodes
@@ -261,17 +262,24 @@ def grpo_config(
 
     ``reward_weights``: the recipe's (``hoprl.recipes.reward_weights``); without them TRL would sum
     every reward function, including EVO-RAG's and R2AG's logging-only per-signal rewards.
+
+    ``micro_batch``: a step's episodes are generated together (one generation batch, TRL's
+    ``steps_per_generation``) and trained in passes of ``micro_batch`` whose gradients accumulate
+    (``gradient_accumulation_steps``), one optimizer step per generation batch.
     """
+    micro, passes = micro_batches(per_process(hp.questions_per_step * hp.num_generations, hp.processes),
+                                  hp.micro_batch)  # fmt: skip
     return GRPOConfig(
         reward_weights=reward_weights,
         max_steps=steps,
         learning_rate=hp.learning_rate or 1e-5,
         lr_scheduler_type=hp.lr_scheduler,
-        # the step's global batch (questions_per_step groups), split over the job's processes
-        per_device_train_batch_size=per_process(hp.questions_per_step * hp.num_generations, hp.processes),
+        # the step's global batch (questions_per_step groups), split over the job's processes, in
+        # passes of micro_batch episodes whose gradients accumulate into one optimizer step
+        per_device_train_batch_size=micro,
         num_generations=hp.num_generations,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
+        gradient_accumulation_steps=passes,
+        steps_per_generation=passes,
         loss_type=objective,
         scale_rewards=reward_scaling(hp, objective),
         beta=hp.beta or 0.0,
@@ -285,6 +293,18 @@ def grpo_config(
         **vllm_args(hp),
         **common_args(output_dir, seed, hp.report_to),
     )
+
+
+def micro_batches(batch: int, micro_batch: int | None) -> tuple[int, int]:
+    """``(episodes per pass, passes)`` for a process's ``batch`` of a step.
+
+    >>> micro_batches(8, 2), micro_batches(8, None)
+    ((2, 4), (8, 1))
+    """
+    micro = min(micro_batch or batch, batch)
+    if batch % micro:
+        raise ValueError(f"micro_batch {micro_batch} does not divide the step's {batch} episodes a process")
+    return micro, batch // micro
 
 
 def vllm_args(hp: Hyperparameters) -> dict[str, Any]:

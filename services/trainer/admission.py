@@ -272,12 +272,22 @@ def trl_only_loop(request: JobRequest, hp: Hyperparameters) -> str | None:
 
 
 def check_trl_options(request: JobRequest, hp: Hyperparameters) -> None:
-    """422 for a placebo or LoRA on a loop that is not TRL's GRPO family (both live there)."""
+    """422 for a placebo, LoRA or micro-batches on a loop that is not TRL's GRPO family (they live
+    there), and for micro-batches that do not divide a process's episodes of a step."""
     asked = [("placebo", "does not permute rewards")] if hp.placebo else []
     if hp.lora_rank is not None:
         asked.append(("lora_rank", "trains every weight"))
+    if hp.micro_batch is not None:
+        asked.append(("micro_batch", "sizes its own passes"))
     loop = trl_only_loop(request, hp) if asked else None
     if loop is None:
+        batch = hp.questions_per_step * hp.num_generations // max(hp.processes, 1)
+        if hp.micro_batch is not None and batch % min(hp.micro_batch, batch):
+            raise ApiError(
+                422, "micro_batch_indivisible",
+                f"hyperparameters.micro_batch = {hp.micro_batch} does not divide the {batch} episodes a "
+                "process trains each step (questions_per_step x num_generations / processes)",
+            )  # fmt: skip
         return
     field, what = asked[0]
     raise ApiError(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hoprl.domain import Action, Question
@@ -482,3 +483,46 @@ def test_the_config_trl_receives_for_vllm_rollouts_and_several_processes(tmp_pat
             str(tmp_path),
             0,
         )
+
+
+class FixedRollout:
+    """A rollout that hands TRL the same token rows every step (no generation): two groups of four
+    rows of different lengths, every other token injected (mask 0), rewards 1, 0, 0.5, 0.25."""
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        rows = [[5 + (7 * i + j) % 90 for j in range(6 + 3 * (i % 4))] for i in range(len(prompts))]
+        return {
+            "prompt_ids": [[1, 2, 3] for _ in rows], "completion_ids": rows, "logprobs": None,
+            "env_mask": [[(j + 1) % 2 for j in range(len(r))] for r in rows],
+            "score": [(1.0, 0.0, 0.5, 0.25)[i % 4] for i in range(len(rows))],
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize("objective", ["dapo", "grpo"])
+def test_micro_batches_make_the_same_update(objective: str, tiny_model: str, tmp_path: Path,
+                                            synthetic: dict[str, list[Question]]) -> None:  # fmt: skip
+    """A step in passes of 2 episodes accumulates to the update of one pass over all 8."""
+
+    def score(prompts: Any, completions: Any, **kw: Any) -> list[float]:
+        return list(kw["score"])
+
+    weights = []
+    for micro in (None, 2):
+        hp = resolve(Hyperparameters(learning_rate=1e-3, questions_per_step=2, num_generations=4,
+                                     micro_batch=micro), "search-r1")  # fmt: skip
+        config = grpo_config(hp, objective, steps=1, output_dir=str(tmp_path / f"m{micro}"), seed=0)
+        assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (
+            (8, 1) if micro is None else (2, 4)
+        )
+        trainer = HoprlGRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(tiny_model), reward_funcs=[score], args=config,
+            train_dataset=Dataset.from_dict({"prompt": [q.question for q in synthetic["train"][:2]]}),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model), rollout_func=FixedRollout(),
+        )  # fmt: skip
+        trainer.train()
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    start = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    moved = [n for n in weights[0] if not torch.equal(weights[0][n], start[n])]
+    assert moved, "the step changed nothing"
+    for name in weights[0]:
+        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-4, atol=1e-6)

@@ -242,6 +242,12 @@ def test_the_placebo_and_lora_run_only_in_trls_grpo_family(trainer: httpx.Client
     assert (response.status_code, response.json()["error"]) == (422, "lora_rank_unsupported")
     assert "objective sft" in response.json()["message"]
     assert post(trainer, hyperparameters={"lora_rank": 8, "placebo": True}).status_code == 201
+    # 2 questions x 4 samples (the cpu preset): passes of 2 or 4 divide them, 3 does not
+    cpu = {"preset": "cpu"}
+    assert post(trainer, hyperparameters={**cpu, "micro_batch": 2}).status_code == 201
+    response = post(trainer, hyperparameters={**cpu, "micro_batch": 3})
+    assert (response.status_code, response.json()["error"]) == (422, "micro_batch_indivisible")
+    assert "the 8 episodes" in response.json()["message"]
 
 
 def test_default_limits_refuse_a_million_steps(trainer: httpx.Client) -> None:
