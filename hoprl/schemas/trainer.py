@@ -173,6 +173,11 @@ class Hyperparameters(BaseModel):
         "episodes are rolled out together and their gradients accumulated over passes of this many (the "
         "same update, less activation memory); unset: the whole step in one pass",
     )
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="GRPO / DAPO / Dr. GRPO through TRL: recompute activations in the backward pass (a "
+        "third forward's cost for the memory of the activations); unset: TRL's default, on",
+    )
     lora_rank: int | None = Field(
         None,
         ge=1,

@@ -280,6 +280,7 @@ def grpo_config(
         num_generations=hp.num_generations,
         gradient_accumulation_steps=passes,
         steps_per_generation=passes,
+        **checkpointing(hp),
         loss_type=objective,
         scale_rewards=reward_scaling(hp, objective),
         beta=hp.beta or 0.0,
@@ -293,6 +294,11 @@ def grpo_config(
         **vllm_args(hp),
         **common_args(output_dir, seed, hp.report_to),
     )
+
+
+def checkpointing(hp: Hyperparameters) -> dict[str, Any]:
+    """``gradient_checkpointing`` when the job chooses; TRL's default (on) otherwise."""
+    return {} if hp.gradient_checkpointing is None else {"gradient_checkpointing": hp.gradient_checkpointing}
 
 
 def micro_batches(batch: int, micro_batch: int | None) -> tuple[int, int]:

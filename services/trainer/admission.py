@@ -272,13 +272,16 @@ def trl_only_loop(request: JobRequest, hp: Hyperparameters) -> str | None:
 
 
 def check_trl_options(request: JobRequest, hp: Hyperparameters) -> None:
-    """422 for a placebo, LoRA or micro-batches on a loop that is not TRL's GRPO family (they live
-    there), and for micro-batches that do not divide a process's episodes of a step."""
+    """422 for a placebo, LoRA, micro-batches or a checkpointing choice on a loop that is not TRL's
+    GRPO family (they live there), and for micro-batches that do not divide a process's episodes of
+    a step."""
     asked = [("placebo", "does not permute rewards")] if hp.placebo else []
     if hp.lora_rank is not None:
         asked.append(("lora_rank", "trains every weight"))
     if hp.micro_batch is not None:
         asked.append(("micro_batch", "sizes its own passes"))
+    if hp.gradient_checkpointing is not None:
+        asked.append(("gradient_checkpointing", "keeps its own activations"))
     loop = trl_only_loop(request, hp) if asked else None
     if loop is None:
         batch = hp.questions_per_step * hp.num_generations // max(hp.processes, 1)
