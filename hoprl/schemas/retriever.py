@@ -23,7 +23,6 @@ from pydantic import (
     StrictStr,
     StringConstraints,
     field_validator,
-    model_validator,
 )
 
 from hoprl.domain import SearchMode
@@ -135,7 +134,10 @@ class IngestCheckpoint(BaseModel):
     batch_size: Int = Field(
         ge=1, le=MAX_DOCUMENTS, description="passages per batch (the last may have fewer)"
     )
-    lines: list[Int] = Field(description="the line each document starts on, in document order")
+    lines: list[Annotated[int, Field(ge=1, le=MAX_JSON_INT), BeforeValidator(json_number)]] = Field(
+        max_length=MAX_DOCUMENTS,
+        description="the line each document starts on, one per document in their order (else a 409)",
+    )
     end_offset: Int = Field(
         ge=0, le=MAX_JSON_INT, description="byte offset just after the batch's last record"
     )
@@ -166,17 +168,9 @@ class IngestRequest(BaseModel):
     checkpoint: IngestCheckpoint | None = Field(
         default=None,
         description="where this batch sits in a source file: recorded once the batch is stored; a document "
-        "id already stored from another line of the same file is a 409",
+        "id already stored from another line of the same file, or a line count other than the documents', "
+        "is a 409",
     )
-
-    @model_validator(mode="after")
-    def _one_line_per_document(self) -> IngestRequest:
-        if self.checkpoint is not None and len(self.checkpoint.lines) != len(self.documents):
-            raise ValueError(
-                f"checkpoint.lines has {len(self.checkpoint.lines)} line numbers for "
-                f"{len(self.documents)} documents"
-            )
-        return self
 
 
 class IngestResponse(BaseModel):

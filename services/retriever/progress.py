@@ -39,6 +39,11 @@ class BatchSizeDiffers(ValueError):
     """A batch of a file whose ingest was started with another batch size."""
 
 
+class LinesDiffer(ValueError):
+    """A checkpoint whose line numbers do not pair with the batch's documents (which JSON Schema
+    cannot say, so a schema-valid request the service cannot serve: a 409, not a 422)."""
+
+
 def origin(checkpoint: IngestCheckpoint | None, i: int) -> dict[str, Any]:
     """The payload field that names document ``i``'s file and line (nothing without a checkpoint)."""
     if checkpoint is None:
@@ -46,8 +51,13 @@ def origin(checkpoint: IngestCheckpoint | None, i: int) -> dict[str, Any]:
     return {"origin": {"source": checkpoint.source, "line": checkpoint.lines[i]}}
 
 
-def check_batch_size(meta: dict[str, Any], checkpoint: IngestCheckpoint) -> None:
-    """Batch numbers mean the same thing in every run of a file's ingest: one batch size."""
+def check_batch_size(meta: dict[str, Any], checkpoint: IngestCheckpoint, documents: int) -> None:
+    """One line per document, and one batch size: batch numbers mean the same thing in every run
+    of a file's ingest."""
+    if len(checkpoint.lines) != documents:
+        raise LinesDiffer(
+            f"checkpoint.lines has {len(checkpoint.lines)} line numbers for {documents} documents"
+        )
     known = meta.get("ingests", {}).get(checkpoint.source)
     if known and known["batch_size"] != checkpoint.batch_size:
         raise BatchSizeDiffers(

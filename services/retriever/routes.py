@@ -20,7 +20,7 @@ from hoprl.schemas.retriever import (
 )
 from services.errors import ERROR_RESPONSES, ApiError, state_of
 from services.retriever.index import CollectionInUse, CollectionNotFound, HybridIndex, OptionsDiffer
-from services.retriever.progress import BatchSizeDiffers, DuplicateId
+from services.retriever.progress import BatchSizeDiffers, DuplicateId, LinesDiffer
 from services.retriever.store import NeedsServer
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -202,7 +202,8 @@ def release_collection(name: CollectionName, holder: LeaseHolder, index: IndexDe
 
 
 INGEST_CONFLICT = _conflict(
-    "a document id repeated within one source file, or another batch size for its ingest"
+    "a checkpoint the collection cannot take: a document id repeated within one source file, another "
+    "batch size for that file, or line numbers that do not pair with the documents"
 )
 
 
@@ -233,6 +234,8 @@ def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> Ingest
                        {"id": exc.doc_id, "line": exc.line, "first_line": exc.first}) from None  # fmt: skip
     except BatchSizeDiffers as exc:
         raise ApiError(409, "batch_size_differs", str(exc)) from None
+    except LinesDiffer as exc:
+        raise ApiError(409, "checkpoint_lines_differ", str(exc)) from None
 
 
 def check_limits(queries: list[str], top_k: int, index: HybridIndex, top_k_field: str) -> None:

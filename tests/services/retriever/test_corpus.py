@@ -97,6 +97,8 @@ def test_embedded_storage_refuses_shards_and_replicas(service: str, field: str) 
     body = response.json()
     assert body["error"] == "needs_a_qdrant_server"
     assert f"{field} 3 need a Qdrant server (set QDRANT_URL" in body["message"]
+    published = httpx.get(f"{service}/openapi.json").json()["components"]["schemas"]["CollectionOptions"]
+    assert published["properties"][field]["maximum"] == 1  # what embedded storage takes, as published
 
 
 @pytest.mark.parametrize(
@@ -175,7 +177,8 @@ def test_a_resumed_file_keeps_its_batch_size(service: str) -> None:
 def test_a_checkpoint_needs_one_line_per_document(service: str) -> None:
     body = {"documents": [{"id": "a", "text": "a"}], "checkpoint": checkpoint(0, [1, 2], 10).model_dump()}
     response = httpx.post(f"{service}/v1/collections/{fresh('lines')}/documents", json=body)
-    assert response.status_code == 422 and "2 line numbers for 1 documents" in response.text
+    assert response.status_code == 409 and response.json()["error"] == "checkpoint_lines_differ"
+    assert "2 line numbers for 1 documents" in response.json()["message"]
 
 
 def test_an_empty_collection_takes_bm25_lengths_from_its_first_ingest(tmp_path: Path) -> None:
