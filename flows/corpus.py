@@ -176,8 +176,8 @@ def ingest_corpus(
         run_id: the units' run key (default ``corpus-<collection>``).
 
     Returns the summary: the source key, the passages and batches of the file, those this run sent
-    (``sent_*``) and those an earlier run had stored (``resumed_*``), passages per second, and the
-    collection's points, embedder and options.
+    (``sent_*``) and those an earlier run had stored (``resumed_*``), passages per second, the
+    seconds the final optimize took, and the collection's points, embedder and options.
     """
     log = get_run_logger()
     fmt = format or detect_format(path)
@@ -215,11 +215,13 @@ def ingest_corpus(
     elapsed = time.monotonic() - began
     update_progress_artifact(artifact, 100.0)
     info = optimize(collection, retriever_url)
+    optimized = time.monotonic() - began - elapsed
     summary = {
         "collection": collection, "source": source, "format": fmt, "batch_size": batch_size,
         "batches": number, "passages": passages, "sent_batches": sent_batches, "sent_passages": sent,
         "resumed_batches": number - sent_batches, "resumed_passages": passages - sent,
         "seconds": round(elapsed, 2), "passages_per_s": round(sent / elapsed, 1) if elapsed > 0 else 0.0,
+        "optimize_s": round(optimized, 2),
         "points": info["points"], "embedder": info["embedder"], "options": info["options"],
     }  # fmt: skip
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if k != "options")
