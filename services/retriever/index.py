@@ -245,7 +245,7 @@ class HybridIndex:
         start = time.perf_counter()
         self.create(name, documents)
         if checkpoint is not None:
-            progress.check_batch_size(self.meta(name), checkpoint, len(documents))
+            progress.check_checkpoint(self.meta(name), checkpoint, len(documents))
             stored = self.store.payloads(name, [d.id for d in documents], ["origin"])
             progress.check_duplicates(documents, checkpoint, stored)
         text_bm25, title_bm25 = self._bm25(name, documents)

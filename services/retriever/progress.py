@@ -51,7 +51,7 @@ def origin(checkpoint: IngestCheckpoint | None, i: int) -> dict[str, Any]:
     return {"origin": {"source": checkpoint.source, "line": checkpoint.lines[i]}}
 
 
-def check_batch_size(meta: dict[str, Any], checkpoint: IngestCheckpoint, documents: int) -> None:
+def check_checkpoint(meta: dict[str, Any], checkpoint: IngestCheckpoint, documents: int) -> None:
     """One line per document, and one batch size: batch numbers mean the same thing in every run
     of a file's ingest."""
     if len(checkpoint.lines) != documents:
