@@ -5,6 +5,7 @@ Examples::
     hoprl serve retriever --port 8001
     hoprl eval-retrieval --data ../shared/data/hotpotqa_dev.jsonl --mode hybrid --k 2 5 10
     hoprl eval-answers --protocol r2ag --limit 3
+    hoprl ingest-corpus wiki18_100w.jsonl --collection wiki18 --on-disk --quantization int8
     hoprl synth --seed 0 --out data/synthetic
     hoprl reward --recipe evo-rag episode.json
     hoprl train --config configs/search-r1.yaml --small --wait
@@ -352,6 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--retriever-url", default=None)
     ans.add_argument("--json", action="store_true", help="print the reports as one JSON list")
     ans.set_defaults(func=cmd_eval_answers)
+
+    from cli import corpus as corpus_cli
+
+    ingest = sub.add_parser(
+        "ingest-corpus",
+        help="index a passage file (FlashRAG JSONL, DPR TSV) into a collection; resumable",
+        description="Stream a Wikipedia-scale passage file (FlashRAG's id + contents JSONL, DPR's "
+        "id/text/title TSV) in batches into a retriever collection: each batch embedded (dense + BM25) "
+        "by the retriever and recorded in the collection's progress once stored, so a killed run "
+        "resumes where it stopped. Runs the Prefect flow ingest_corpus; batches fan out to Celery "
+        "workers when HOPRL_CELERY_BROKER_URL is set.",
+    )
+    corpus_cli.add_arguments(ingest)
+    ingest.set_defaults(func=corpus_cli.main)
 
     from cli import pipeline as pipeline_cli
 

@@ -58,16 +58,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hoprl.agent.runner import run_episode
+from hoprl.clients.http import ServiceError
 from hoprl.clients.judge import JudgeClient
 from hoprl.clients.llm import LLMClient
 from hoprl.clients.policy import PolicyClient
 from hoprl.clients.retriever import AsyncRetrieverClient, RetrieverClient
+from hoprl.data.jsonl import DataError
 from hoprl.domain import Episode, EpisodeShape, Question
 from hoprl.recipes import get_recipe
 from hoprl.registry import total_reward
 from hoprl.registry.shared import from_environment
 from hoprl.schemas import Document
 from hoprl.schemas.judge import AnswerableItem, AnswerItem
+from hoprl.schemas.retriever import IngestCheckpoint
 from hoprl.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -304,12 +307,32 @@ def judge_item(
 
 @app.task(name="hoprl.embed_batch", **UNIT)
 def embed_batch(
-    run_id: str, batch_id: str, collection: str, documents: list[dict[str, Any]], retriever_url: str
+    run_id: str,
+    batch_id: str,
+    collection: str,
+    documents: list[dict[str, Any]],
+    retriever_url: str,
+    checkpoint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Embed and upsert one batch of documents into ``collection`` (idempotent by document id)."""
+    """Embed and upsert one batch of documents into ``collection`` (idempotent by document id).
+
+    Args:
+        checkpoint: an :class:`~hoprl.schemas.retriever.IngestCheckpoint` as JSON, when the batch is
+            part of a source file (``flows/corpus.py``): the retriever records it in the
+            collection's progress once the batch is stored. A batch the retriever refuses (a
+            document id repeated within the file) raises :class:`~hoprl.data.jsonl.DataError`.
+    """
     docs = [Document.model_validate(d) for d in documents]
-    with RetrieverClient(retriever_url) as client:
-        result = client.ingest(collection, docs)
+    mark = IngestCheckpoint.model_validate(checkpoint) if checkpoint is not None else None
+    with RetrieverClient(retriever_url, timeout=600) as client:
+        try:
+            result = client.ingest(collection, docs, mark)
+        except ServiceError as exc:
+            if exc.status != 409:
+                raise
+            raise DataError(
+                exc.body.get("message", str(exc)) if isinstance(exc.body, dict) else str(exc)
+            ) from None
     return {
         "run_id": run_id,
         "batch_id": batch_id,

@@ -10,7 +10,14 @@ from hoprl.clients.http import ServiceClient, client_options
 from hoprl.clients.http import check as _check
 from hoprl.domain import SearchMode
 from hoprl.schemas import Document
-from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchResponse
+from hoprl.schemas.retriever import (
+    CollectionInfo,
+    CollectionOptions,
+    Hit,
+    IngestCheckpoint,
+    IngestResponse,
+    SearchResponse,
+)
 
 
 class SearchOptions(TypedDict, total=False):
@@ -27,8 +34,11 @@ def _search_body(collection: str, queries: list[str], options: SearchOptions) ->
     return {"collection": collection, "queries": queries, **defaults, **options}
 
 
-def _ingest_body(documents: list[Document]) -> dict[str, Any]:
-    return {"documents": [d.model_dump() for d in documents]}
+def _ingest_body(documents: list[Document], checkpoint: IngestCheckpoint | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"documents": [d.model_dump() for d in documents]}
+    if checkpoint is not None:
+        body["checkpoint"] = checkpoint.model_dump()
+    return body
 
 
 class RetrieverClient(ServiceClient):
@@ -40,9 +50,25 @@ class RetrieverClient(ServiceClient):
         body = _search_body(collection, queries, options)
         return SearchResponse.model_validate(_check(self.http.post("/v1/search", json=body))).results
 
-    def ingest(self, collection: str, documents: list[Document]) -> IngestResponse:
+    def ingest(
+        self, collection: str, documents: list[Document], checkpoint: IngestCheckpoint | None = None
+    ) -> IngestResponse:
+        """Upsert ``documents``; with a ``checkpoint`` (a batch of a source file) the collection's
+        progress record for that file takes the batch in once it is stored."""
         url = f"/v1/collections/{collection}/documents"
-        return IngestResponse.model_validate(_check(self.http.post(url, json=_ingest_body(documents))))
+        body = _ingest_body(documents, checkpoint)
+        return IngestResponse.model_validate(_check(self.http.post(url, json=body)))
+
+    def create(self, collection: str, options: CollectionOptions | None = None) -> CollectionInfo:
+        """Create ``collection`` if missing (with ``options``); a 409 :class:`ServiceError` if it
+        exists with other options."""
+        body = {"options": options.model_dump()} if options is not None else None
+        response = self.http.put(f"/v1/collections/{collection}", json=body)
+        return CollectionInfo.model_validate(_check(response))
+
+    def optimize(self, collection: str) -> CollectionInfo:
+        """Build the collection's HNSW graph and quantized vectors (embedded storage); returns its info."""
+        return CollectionInfo.model_validate(_check(self.http.post(f"/v1/collections/{collection}/optimize")))
 
     def collections(self) -> list[CollectionInfo]:
         return [CollectionInfo.model_validate(c) for c in _check(self.http.get("/v1/collections"))]

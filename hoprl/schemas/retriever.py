@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from hoprl.domain import SearchMode
-from hoprl.schemas import MAX_JSON_INT, Bool, Document, Int, json_number, non_blank
+from hoprl.schemas import MAX_JSON_INT, Bool, Document, Float, Int, json_number, non_blank
 
 #: the most queries in one search request (RETRIEVER_MAX_QUERIES may lower it)
 MAX_QUERIES = 256
@@ -72,11 +72,104 @@ class Hit(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+#: a source file's key in a collection's progress records: ``<file name>@<16 hex>``
+SOURCE_KEY = r"^[^\x00-\x1f]{1,240}@[0-9a-f]{16}$"
+Quantization = Literal["none", "int8", "binary"]
+
+
+class CollectionOptions(BaseModel):
+    """How Qdrant keeps a collection: fixed when it is created, recorded in its metadata.
+
+    The defaults are the small-corpus setup (everything in RAM, no quantization, one shard). For a
+    corpus of millions of passages the usual setup is ``on_disk`` vectors with ``int8`` quantized
+    copies kept in RAM (``always_ram``) and rescored, which keeps a quarter of the float32 size in
+    RAM; ``binary`` keeps a thirty-second and wants ``oversampling`` of 2-3.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_disk: Bool = Field(
+        False, description="original dense vectors memory-mapped from disk, not held in RAM"
+    )
+    hnsw_on_disk: Bool = Field(False, description="the HNSW graph memory-mapped from disk")
+    sparse_on_disk: Bool = Field(False, description="the two BM25 sparse indexes memory-mapped from disk")
+    quantization: Quantization = Field(
+        "none",
+        description="quantized copies of the dense vectors: 'int8' (scalar) or 'binary' (1 bit a dimension)",
+    )
+    always_ram: Bool = Field(True, description="keep the quantized copies in RAM (with quantization only)")
+    rescore: Bool = Field(
+        True, description="search time: rescore the quantized candidates with the original vectors"
+    )
+    oversampling: Float = Field(
+        1.0,
+        ge=1.0,
+        le=16.0,
+        description="search time: fetch this many times the candidates from the quantized index",
+    )
+    shard_number: Int = Field(
+        1, ge=1, le=256, description="shards (a Qdrant server only; embedded storage has one)"
+    )
+    replication_factor: Int = Field(
+        1, ge=1, le=16, description="copies of each shard on other nodes (a Qdrant cluster only)"
+    )
+
+
+class CreateCollectionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    options: CollectionOptions = Field(default_factory=CollectionOptions)
+
+
+class IngestCheckpoint(BaseModel):
+    """Where an ingest's batch sits in a source file (``hoprl ingest-corpus``): the retriever
+    records it in the collection's metadata once Qdrant has the batch, so a re-run skips it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Annotated[str, StringConstraints(pattern=SOURCE_KEY)] = Field(
+        description="the file's key, <file name>@<16 hex of its name, size and first MiB>"
+    )
+    batch: Int = Field(ge=0, description="the batch's number in the file, from 0")
+    batch_size: Int = Field(
+        ge=1, le=MAX_DOCUMENTS, description="passages per batch (the last may have fewer)"
+    )
+    lines: list[Annotated[int, Field(ge=1, le=MAX_JSON_INT), BeforeValidator(json_number)]] = Field(
+        max_length=MAX_DOCUMENTS,
+        description="the line each document starts on, one per document in their order (else a 409)",
+    )
+    end_offset: Int = Field(
+        ge=0, le=MAX_JSON_INT, description="byte offset just after the batch's last record"
+    )
+    end_line: Int = Field(ge=0, le=MAX_JSON_INT, description="lines read up to end_offset")
+
+
+class IngestProgress(BaseModel):
+    """How far one source file's ingest has come: batches ``0 .. next_batch - 1`` are in Qdrant,
+    and the file's next record starts at ``offset`` (after ``line`` lines); ``ahead`` lists later
+    batches already in, which a fan-out finished before an earlier one."""
+
+    batch_size: int
+    next_batch: int = 0
+    passages: int = Field(0, description="passages in batches 0 .. next_batch - 1")
+    offset: int = 0
+    line: int = 0
+    ahead: dict[str, list[int]] = Field(
+        default_factory=dict, description="batch number -> [end_offset, end_line, passages]"
+    )
+
+
 class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[Document] = Field(
         min_length=1, max_length=MAX_DOCUMENTS, description="at most RETRIEVER_MAX_DOCUMENTS"
+    )
+    checkpoint: IngestCheckpoint | None = Field(
+        default=None,
+        description="where this batch sits in a source file: recorded once the batch is stored; a document "
+        "id already stored from another line of the same file, or a line count other than the documents', "
+        "is a 409",
     )
 
 
@@ -158,6 +251,12 @@ class CollectionInfo(BaseModel):
     points: int
     embedder: str
     dim: int
+    options: CollectionOptions = Field(
+        default_factory=CollectionOptions, description="how Qdrant keeps it (fixed at creation)"
+    )
+    ingests: dict[str, IngestProgress] = Field(
+        default_factory=dict, description="source file key -> how far its ingest has come"
+    )
     leases: list[str] = Field(
         default_factory=list,
         description="who holds the collection in use (e.g. a trainer's job ids): it cannot be deleted "

@@ -39,11 +39,15 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
     app = create_service_app("retriever", description, lifespan, router, ready)
     queries, chars = {"maxItems": settings.max_queries}, {"maxLength": settings.max_query_chars}
     top_k = {"maximum": settings.max_top_k}
-    publish_limits(app, {  # the RETRIEVER_MAX_* settings as set (services.app.publish_limits)
+    limits = {  # the RETRIEVER_MAX_* settings as set (services.app.publish_limits)
         "SearchRequest.queries": queries, "SearchRequest.queries[]": chars, "SearchRequest.top_k": top_k,
         "RetrieveRequest.queries": queries, "RetrieveRequest.queries[]": chars, "RetrieveRequest.topk": top_k,
         "IngestRequest.documents": {"maxItems": settings.max_documents},
-    })  # fmt: skip
+    }  # fmt: skip
+    if not settings.qdrant_url:  # embedded storage keeps one shard (services.retriever.store.NeedsServer)
+        limits |= {"CollectionOptions.shard_number": {"maximum": 1},
+                   "CollectionOptions.replication_factor": {"maximum": 1}}  # fmt: skip
+    publish_limits(app, limits)
     return app
 
 

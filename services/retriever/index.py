@@ -12,7 +12,16 @@ from typing import Any
 from hoprl.embedding import Backend, Embedder, TextEncoder
 from hoprl.onnx_embedding import OnnxEmbedder
 from hoprl.schemas import Document
-from hoprl.schemas.retriever import CollectionInfo, Hit, IngestResponse, SearchRequest, SearchResponse
+from hoprl.schemas.retriever import (
+    CollectionInfo,
+    CollectionOptions,
+    Hit,
+    IngestCheckpoint,
+    IngestResponse,
+    SearchRequest,
+    SearchResponse,
+)
+from services.retriever import progress
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sparse import Bm25, mean_length
 from services.retriever.store import (
@@ -23,6 +32,7 @@ from services.retriever.store import (
     EdgeStore,
     PointIn,
     Prefetch,
+    Quantized,
     Query,
     ScoredPayload,
     Store,
@@ -53,6 +63,14 @@ def load_embedder(
 
 class CollectionNotFound(LookupError):
     pass
+
+
+class OptionsDiffer(Exception):
+    """A create with options other than those the existing collection was made with."""
+
+    def __init__(self, name: str, differences: dict[str, tuple[Any, Any]]) -> None:
+        super().__init__(name)
+        self.name, self.differences = name, differences
 
 
 class CollectionInUse(Exception):
@@ -89,10 +107,10 @@ class HybridIndex:
     def __init__(self, settings: RetrieverSettings, embedder: TextEncoder | None = None) -> None:
         self.settings = settings
         self.store = open_store(settings)
-        # Collection metadata changes only through this index (its leases); a server store would
-        # otherwise answer one extra HTTP call per search for it.
+        # Collection metadata changes only through this index (leases, avgdl, ingest progress); a
+        # server store would otherwise answer one extra HTTP call per search for it.
         self._meta: dict[str, dict[str, Any]] = {}
-        self._leases_lock = threading.Lock()  # a lease and a delete never interleave
+        self._meta_lock = threading.Lock()  # read-modify-writes of metadata and deletes never interleave
         self.embedder = embedder or load_embedder(
             settings.embedder,
             backend=settings.embed_backend,
@@ -111,24 +129,41 @@ class HybridIndex:
         meta = self.meta(name)
         return CollectionInfo(
             name=name, points=self.store.count(name), embedder=meta["embedder"], dim=meta["dim"],
-            leases=list(meta.get("leases", [])),
+            leases=list(meta.get("leases", [])), options=meta.get("options", {}),
+            ingests=meta.get("ingests", {}),
         )  # fmt: skip
 
     def collections(self) -> list[CollectionInfo]:
         return [self.info(n) for n in self.store.names()]
 
-    def create(self, name: str, documents: list[Document] | None = None) -> CollectionInfo:
-        """Create ``name`` if missing; BM25's avgdl per field is fixed from the first ingest."""
+    def create(
+        self, name: str, documents: list[Document] | None = None, options: CollectionOptions | None = None
+    ) -> CollectionInfo:
+        """Create ``name`` if missing, with ``options`` (default: :class:`CollectionOptions`'s).
+
+        BM25's avgdl per field is fixed from the first ingest (``documents``, or the first batch a
+        later ingest brings). Asking for an existing collection with other ``options`` raises
+        :class:`OptionsDiffer`; embedded storage refuses shards and replicas
+        (:class:`~services.retriever.store.NeedsServer`).
+        """
         if not self.store.exists(name):
-            docs = documents or []
+            options = options or CollectionOptions()
             meta = {
                 "embedder": self.embedder.name,
                 "dim": self.embedder.dim,
-                "avgdl": mean_length([sparse_text(d) for d in docs]) if docs else 100.0,
-                "avgdl_title": mean_length([d.title for d in docs]) if docs else 3.0,
+                "embed_max_length": self.embedder.max_length,
+                **(_avgdl(documents) if documents else {"avgdl": None, "avgdl_title": None}),
+                "options": options.model_dump(),
             }
-            self.store.create(name, self.embedder.dim, meta)
+            self.store.create(name, self.embedder.dim, meta, options)
             log.info("created collection %s (%s)", name, meta)
+        elif options is not None:
+            have = CollectionOptions.model_validate(self.meta(name).get("options", {}))
+            differences = {
+                k: (v, getattr(options, k)) for k, v in have.model_dump().items() if getattr(options, k) != v
+            }
+            if differences:
+                raise OptionsDiffer(name, differences)
         return self.info(name)
 
     def meta(self, name: str) -> dict[str, Any]:
@@ -138,7 +173,7 @@ class HybridIndex:
 
     def delete(self, name: str) -> None:
         """Delete ``name``; :class:`CollectionInUse` while a lease holds it."""
-        with self._leases_lock:
+        with self._meta_lock:
             self._require(name)
             leases = self.meta(name).get("leases", [])
             if leases:
@@ -149,7 +184,7 @@ class HybridIndex:
     def lease(self, name: str, holder: str, held: bool = True) -> list[str]:
         """Mark ``name`` in use by ``holder`` (``held=False``: release the mark); idempotent.
         The marks live in the collection's metadata, so they outlast a restart. Returns them all."""
-        with self._leases_lock:
+        with self._meta_lock:
             self._require(name)
             meta = dict(self.meta(name))
             leases = set(meta.get("leases", []))
@@ -164,20 +199,56 @@ class HybridIndex:
         if not self.store.exists(name):
             raise CollectionNotFound(name)
 
-    def _bm25(self, name: str) -> tuple[Bm25, Bm25]:
-        """The (title + text, title) encoders of a collection, with its frozen avgdl values."""
-        s, meta = self.settings, self.meta(name)
+    def _bm25(self, name: str, documents: list[Document] | None = None) -> tuple[Bm25, Bm25]:
+        """The (title + text, title) encoders of a collection, with its frozen avgdl values; a
+        collection created empty fixes them from ``documents``, its first ingest. (A query's
+        vector does not depend on avgdl, so a search of an empty collection reads any value.)"""
+        meta = self.meta(name)
+        if meta.get("avgdl") is None and documents:
+            with self._meta_lock:
+                meta = dict(self.meta(name))
+                if meta.get("avgdl") is None:
+                    meta |= _avgdl(documents)
+                    self.store.set_meta(name, meta)
+                    self._meta[name] = meta
+        s = self.settings
         return (
-            Bm25(k1=s.bm25_k1, b=s.bm25_b, avgdl=float(meta["avgdl"])),
-            Bm25(k1=s.bm25_k1, b=s.bm25_b, avgdl=float(meta["avgdl_title"])),
+            Bm25(k1=s.bm25_k1, b=s.bm25_b, avgdl=float(meta.get("avgdl") or 100.0)),
+            Bm25(k1=s.bm25_k1, b=s.bm25_b, avgdl=float(meta.get("avgdl_title") or 3.0)),
         )
 
+    def _quantized(self, name: str) -> Quantized | None:
+        """How a dense prefetch uses the collection's quantized vectors, None where it has none."""
+        options = CollectionOptions.model_validate(self.meta(name).get("options", {}))
+        if options.quantization == "none":
+            return None
+        return Quantized(options.rescore, options.oversampling)
+
+    def optimize(self, name: str) -> CollectionInfo:
+        """Build the collection's HNSW graph and quantized vectors now (embedded storage; a Qdrant
+        server's optimizers run by themselves)."""
+        self._require(name)
+        self.store.optimize(name)
+        return self.info(name)
+
     # -- ingest and search ---------------------------------------------------------------------
-    def ingest(self, name: str, documents: list[Document]) -> IngestResponse:
-        """Upsert documents by id: ingesting the same ids again replaces, never duplicates."""
+    def ingest(
+        self, name: str, documents: list[Document], checkpoint: IngestCheckpoint | None = None
+    ) -> IngestResponse:
+        """Upsert documents by id: ingesting the same ids again replaces, never duplicates.
+
+        With a ``checkpoint`` (a batch of a source file), each point also records its file and line
+        (payload ``origin``), a document id stored from another line of the same file raises
+        :class:`~services.retriever.progress.DuplicateId` before anything is written, and once
+        the batch is stored the collection's progress record takes it in.
+        """
         start = time.perf_counter()
         self.create(name, documents)
-        text_bm25, title_bm25 = self._bm25(name)
+        if checkpoint is not None:
+            progress.check_checkpoint(self.meta(name), checkpoint, len(documents))
+            stored = self.store.payloads(name, [d.id for d in documents], ["origin"])
+            progress.check_duplicates(documents, checkpoint, stored)
+        text_bm25, title_bm25 = self._bm25(name, documents)
         with self.embedder.threads(self.settings.torch_threads):
             dense = self.embedder.encode([dense_text(d) for d in documents])
         points = [
@@ -186,11 +257,17 @@ class HybridIndex:
                 dense=dense[i].tolist(),
                 sparse=text_bm25.document(sparse_text(d)),
                 title_sparse=title_bm25.document(d.title),
-                payload={"doc_id": d.id, "title": d.title, "text": d.text, "metadata": d.metadata},
+                payload={"doc_id": d.id, "title": d.title, "text": d.text, "metadata": d.metadata}
+                | progress.origin(checkpoint, i),
             )
             for i, d in enumerate(documents)
         ]
         self.store.upsert(name, points)
+        if checkpoint is not None:  # only once Qdrant has the batch (its upsert waits for that)
+            with self._meta_lock:
+                meta = progress.record(dict(self.meta(name)), checkpoint, len(documents))
+                self.store.set_meta(name, meta)
+                self._meta[name] = meta
         took = (time.perf_counter() - start) * 1000
         return IngestResponse(
             collection=name, upserted=len(points), points=self.store.count(name), took_ms=took
@@ -213,7 +290,7 @@ class HybridIndex:
         for text, vector in zip(request.queries, dense, strict=True):
             prefetches, weights = [], []
             if vector is not None:
-                prefetches.append(Prefetch(DENSE, vector, depth))
+                prefetches.append(Prefetch(DENSE, vector, depth, self._quantized(request.collection)))
                 weights.append(s.weight_dense)
             if request.mode != "dense":
                 prefetches.append(Prefetch(SPARSE, bm25.query(text), depth))
@@ -258,6 +335,14 @@ class HybridIndex:
             return [None] * len(request.queries)
         with self.embedder.threads(self.settings.search_threads):
             return [v.tolist() for v in self.embedder.encode(request.queries)]
+
+
+def _avgdl(documents: list[Document]) -> dict[str, float]:
+    """BM25's mean document length per field, from the documents a collection is first fed."""
+    return {
+        "avgdl": mean_length([sparse_text(d) for d in documents]),
+        "avgdl_title": mean_length([d.title for d in documents]),
+    }
 
 
 def _hit(row: ScoredPayload, rank: int) -> Hit:

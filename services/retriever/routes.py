@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Path
 from hoprl.schemas.retriever import (
     COLLECTION_NAME,
     CollectionInfo,
+    CreateCollectionRequest,
     IngestRequest,
     IngestResponse,
     RetrieveRequest,
@@ -18,7 +19,9 @@ from hoprl.schemas.retriever import (
     SearchResponse,
 )
 from services.errors import ERROR_RESPONSES, ApiError, state_of
-from services.retriever.index import CollectionInUse, CollectionNotFound, HybridIndex
+from services.retriever.index import CollectionInUse, CollectionNotFound, HybridIndex, OptionsDiffer
+from services.retriever.progress import BatchSizeDiffers, DuplicateId, LinesDiffer
+from services.retriever.store import NeedsServer
 
 router = APIRouter(responses=ERROR_RESPONSES)
 NAME = re.compile(COLLECTION_NAME)
@@ -92,10 +95,51 @@ INGESTED: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.put("/v1/collections/{name}", operation_id="create_collection", responses=CREATED)
-def create_collection(name: CollectionName, index: IndexDep) -> CollectionInfo:
-    """Create an empty collection (idempotent). Ingesting into a missing collection creates it too."""
-    return index.create(_valid_name(name))
+def _conflict(description: str) -> dict[int | str, dict[str, Any]]:
+    return {409: {**ERROR_RESPONSES[404], "description": description}}
+
+
+CREATE_CONFLICT = _conflict("the collection exists with other options")
+
+
+@router.put(
+    "/v1/collections/{name}", operation_id="create_collection", responses={**CREATED, **CREATE_CONFLICT}
+)
+def create_collection(
+    name: CollectionName, index: IndexDep, body: CreateCollectionRequest | None = None
+) -> CollectionInfo:
+    """Create an empty collection (idempotent). Ingesting into a missing collection creates it too.
+
+    The body's ``options`` say how Qdrant keeps it (on-disk vectors, HNSW and sparse indexes,
+    int8 or binary quantization with rescoring, shards and replicas); they are fixed at creation
+    and listed by ``GET``. Asking again with other options is a 409 naming the differences; shards
+    or replicas on embedded storage are a 422 (they need a Qdrant server)."""
+    try:
+        return index.create(_valid_name(name), options=body.options if body else None)
+    except OptionsDiffer as exc:
+        differences = "; ".join(
+            f"{k}: {have!r}, asked {want!r}" for k, (have, want) in exc.differences.items()
+        )
+        raise ApiError(
+            409,
+            "collection_options_differ",
+            f"collection {name!r} exists with other options ({differences}); options are fixed when a "
+            "collection is created: delete it and create it again to change them",
+            {k: {"collection": have, "asked": want} for k, (have, want) in exc.differences.items()},
+        ) from None
+    except NeedsServer as exc:
+        raise ApiError(422, "needs_a_qdrant_server", str(exc)) from None
+
+
+@router.post("/v1/collections/{name}/optimize", operation_id="optimize_collection")
+def optimize_collection(name: CollectionName, index: IndexDep) -> CollectionInfo:
+    """Build the collection's HNSW graph and quantized vectors now. Embedded storage (qdrant-edge)
+    runs no optimizer by itself, so a large ingest ends with this; on a Qdrant server it returns
+    at once (the server's optimizers run in the background)."""
+    try:
+        return index.optimize(_valid_name(name))
+    except CollectionNotFound:
+        raise _not_found(name) from None
 
 
 IN_USE: dict[int | str, dict[str, Any]] = {
@@ -157,9 +201,24 @@ def release_collection(name: CollectionName, holder: LeaseHolder, index: IndexDe
     return _lease(name, holder, index, held=False)
 
 
-@router.post("/v1/collections/{name}/documents", operation_id="ingest_documents", responses=INGESTED)
+INGEST_CONFLICT = _conflict(
+    "a checkpoint the collection cannot take: a document id repeated within one source file, another "
+    "batch size for that file, or line numbers that do not pair with the documents"
+)
+
+
+@router.post(
+    "/v1/collections/{name}/documents",
+    operation_id="ingest_documents",
+    responses={**INGESTED, **INGEST_CONFLICT},
+)
 def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> IngestResponse:
-    """Upsert a batch of documents; ids make it idempotent (re-ingesting replaces, never duplicates)."""
+    """Upsert a batch of documents; ids make it idempotent (re-ingesting replaces, never duplicates).
+
+    With a ``checkpoint`` (a batch of a source file, as ``hoprl ingest-corpus`` sends them), the
+    collection's progress record for that file takes the batch in once it is stored (``GET``
+    lists it under ``ingests``), and a document id the collection holds from another line of the
+    same file is a 409 ``duplicate_document_id`` naming both lines."""
     limit = index.settings.max_documents
     if len(body.documents) > limit:
         raise ApiError(
@@ -168,7 +227,15 @@ def ingest(name: CollectionName, body: IngestRequest, index: IndexDep) -> Ingest
             f"documents: {len(body.documents)} in one request; the limit is {limit} "
             "(RETRIEVER_MAX_DOCUMENTS)",
         )
-    return index.ingest(_valid_name(name), body.documents)
+    try:
+        return index.ingest(_valid_name(name), body.documents, body.checkpoint)
+    except DuplicateId as exc:
+        raise ApiError(409, "duplicate_document_id", str(exc),
+                       {"id": exc.doc_id, "line": exc.line, "first_line": exc.first}) from None  # fmt: skip
+    except BatchSizeDiffers as exc:
+        raise ApiError(409, "batch_size_differs", str(exc)) from None
+    except LinesDiffer as exc:
+        raise ApiError(409, "checkpoint_lines_differ", str(exc)) from None
 
 
 def check_limits(queries: list[str], top_k: int, index: HybridIndex, top_k_field: str) -> None:

@@ -8,6 +8,9 @@
   run it in qdrant-client's local mode, so one suite covers both code paths.
 
 Both speak the same Query API: prefetches of named dense / sparse vectors fused by weighted RRF.
+A collection's :class:`~hoprl.schemas.retriever.CollectionOptions` (on-disk vectors and HNSW,
+int8 or binary quantization, shards and replicas) map onto each engine's own configuration
+classes here; the embedded engines hold one shard and refuse more (:class:`NeedsServer`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Protocol
 import qdrant_edge as qe
 from qdrant_client import QdrantClient, models
 
+from hoprl.schemas.retriever import CollectionOptions
 from services.errors import StartupError
 
 Sparse = tuple[list[int], list[float]]
@@ -55,13 +59,23 @@ class PointIn:
         return point(id=point_id(self.doc_id), vector=vector, payload=self.payload)
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """Search-time use of a collection's quantized vectors (its ``rescore`` and ``oversampling``)."""
+
+    rescore: bool
+    oversampling: float
+
+
 @dataclass
 class Prefetch:
-    """One candidate list: a named vector, its query vector, how many candidates."""
+    """One candidate list: a named vector, its query vector, how many candidates, and for a dense
+    list of a quantized collection how to use the quantized vectors."""
 
     using: str
     vector: list[float] | Sparse
     limit: int
+    quantized: Quantized | None = None
 
 
 @dataclass
@@ -82,14 +96,52 @@ class ScoredPayload:
 class Store(Protocol):
     def names(self) -> list[str]: ...
     def exists(self, name: str) -> bool: ...
-    def create(self, name: str, dim: int, meta: dict[str, Any]) -> None: ...
+    def create(self, name: str, dim: int, meta: dict[str, Any], options: CollectionOptions) -> None: ...
     def meta(self, name: str) -> dict[str, Any]: ...
     def set_meta(self, name: str, meta: dict[str, Any]) -> None: ...
     def delete(self, name: str) -> None: ...
     def count(self, name: str) -> int: ...
     def upsert(self, name: str, points: list[PointIn]) -> None: ...
+    def payloads(self, name: str, doc_ids: list[str], fields: list[str]) -> dict[str, dict[str, Any]]: ...
+    def optimize(self, name: str) -> None: ...
     def query(self, name: str, queries: list[Query]) -> list[list[ScoredPayload]]: ...
     def close(self) -> None: ...
+
+
+class NeedsServer(ValueError):
+    """An option only a Qdrant server honours (shards, replicas), asked of embedded storage."""
+
+
+def refuse_cluster_options(options: CollectionOptions) -> None:
+    """Embedded storage keeps one shard of each collection: more shards or replicas is an error."""
+    asked = {"shard_number": options.shard_number, "replication_factor": options.replication_factor}
+    wanted = [f"{k} {v}" for k, v in asked.items() if v > 1]
+    if wanted:
+        raise NeedsServer(
+            f"{' and '.join(wanted)} need a Qdrant server (set QDRANT_URL, e.g. the compose profile "
+            "qdrant-cluster); embedded storage keeps one shard of each collection"
+        )
+
+
+def _quantization(options: CollectionOptions, engine: Any) -> Any:
+    """The quantization config in one engine's classes (``qe`` or ``models``), None without."""
+    if options.quantization == "int8":
+        if engine is qe:
+            return qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, always_ram=options.always_ram)
+        config = models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=options.always_ram)
+        return models.ScalarQuantization(scalar=config)
+    if options.quantization == "binary":
+        if engine is qe:
+            return qe.BinaryQuantizationConfig(always_ram=options.always_ram)
+        return models.BinaryQuantization(
+            binary=models.BinaryQuantizationConfig(always_ram=options.always_ram)
+        )
+    return None
+
+
+#: Qdrant's HNSW defaults (m, ef_construct, full_scan_threshold in KB), which qdrant-edge's config
+#: class wants spelled out when only the graph's placement changes
+HNSW_DEFAULTS = (16, 100, 10_000)
 
 
 def qdrant_filter(filter: dict[str, Any] | None, engine: Any) -> Any:
@@ -155,17 +207,27 @@ class EdgeStore:
     def exists(self, name: str) -> bool:
         return name in self.shards
 
-    def create(self, name: str, dim: int, meta: dict[str, Any]) -> None:
+    def create(self, name: str, dim: int, meta: dict[str, Any], options: CollectionOptions) -> None:
+        refuse_cluster_options(options)
         with self.lock:
             if name in self.shards:
                 return
             folder = self.root / name
-            (folder / "shard").mkdir(parents=True, exist_ok=True)
-            sparse = qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
-            config = qe.EdgeConfig(
-                vectors={DENSE: qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine)},
-                sparse_vectors={SPARSE: sparse, TITLE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
-            )
+            if folder.exists():  # an unfinished create (no meta.json): a process died inside it
+                shutil.rmtree(folder)
+            (folder / "shard").mkdir(parents=True)
+            m, ef, full_scan = HNSW_DEFAULTS
+            hnsw = qe.HnswIndexConfig(m=m, ef_construct=ef, full_scan_threshold=full_scan, on_disk=True)
+            dense = qe.EdgeVectorParams(
+                size=dim, distance=qe.Distance.Cosine, on_disk=options.on_disk,
+                quantization_config=_quantization(options, qe),
+                hnsw_config=hnsw if options.hnsw_on_disk else None,
+            )  # fmt: skip
+            sparse = {
+                n: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf, on_disk=options.sparse_on_disk)
+                for n in (SPARSE, TITLE)
+            }
+            config = qe.EdgeConfig(vectors={DENSE: dense}, sparse_vectors=sparse)
             self.shards[name] = qe.EdgeShard.create(str(folder / "shard"), config)
             # meta.json is written last: a folder without it is an unfinished create, ignored on load.
             (folder / "meta.json").write_text(json.dumps(meta))
@@ -196,20 +258,37 @@ class EdgeStore:
             shard.update(qe.UpdateOperation.upsert_points(ops))
             shard.flush()
 
+    def payloads(self, name: str, doc_ids: list[str], fields: list[str]) -> dict[str, dict[str, Any]]:
+        """The ``fields`` of the stored points among ``doc_ids``, by doc id (``doc_id`` is always read)."""
+        records = self.shards[name].retrieve([point_id(d) for d in doc_ids], ["doc_id", *fields], False)
+        return {r.payload["doc_id"]: dict(r.payload) for r in records if r.payload}
+
+    def optimize(self, name: str) -> None:
+        """Build the HNSW graph and the quantized vectors: qdrant-edge runs no optimizer of its own,
+        so until this runs, points sit in plain segments searched exhaustively."""
+        with self.lock:
+            self.shards[name].optimize()
+
     def query(self, name: str, queries: list[Query]) -> list[list[ScoredPayload]]:
         shard = self.shards[name]
         out = []
         for q in queries:
             flt = qdrant_filter(q.filter, qe)
             if len(q.prefetches) == 1:
+                p = q.prefetches[0]
                 request = qe.QueryRequest(
-                    limit=q.limit, query=self._nearest(q.prefetches[0]), filter=flt, with_payload=True
+                    limit=q.limit,
+                    query=self._nearest(p),
+                    filter=flt,
+                    with_payload=True,
+                    params=self._params(p),
                 )
             else:
                 request = qe.QueryRequest(
                     limit=q.limit,
                     prefetches=[
-                        qe.Prefetch(limit=p.limit, query=self._nearest(p), filter=flt) for p in q.prefetches
+                        qe.Prefetch(limit=p.limit, query=self._nearest(p), filter=flt, params=self._params(p))
+                        for p in q.prefetches
                     ],
                     # the stub types Fusion.Rrf as its own class; the engine accepts it as a query
                     query=qe.Fusion.Rrf(k=q.rrf_k, weights=q.weights or None),  # type: ignore[arg-type]
@@ -223,6 +302,15 @@ class EdgeStore:
         if isinstance(p.vector, tuple):
             return qe.Query.Nearest(qe.SparseVector(indices=p.vector[0], values=p.vector[1]), using=p.using)
         return qe.Query.Nearest(p.vector, using=p.using)
+
+    @staticmethod
+    def _params(p: Prefetch) -> qe.SearchParams | None:
+        if p.quantized is None:
+            return None
+        quantization = qe.QuantizationSearchParams(
+            rescore=p.quantized.rescore, oversampling=p.quantized.oversampling
+        )
+        return qe.SearchParams(quantization=quantization)
 
     def close(self) -> None:
         with self.lock:
@@ -250,14 +338,25 @@ class ClientStore:
     def exists(self, name: str) -> bool:
         return bool(self.client.collection_exists(name))
 
-    def create(self, name: str, dim: int, meta: dict[str, Any]) -> None:
+    def create(self, name: str, dim: int, meta: dict[str, Any], options: CollectionOptions) -> None:
+        if self.lock_file is not None:  # qdrant-client's local mode: one shard, like qdrant-edge
+            refuse_cluster_options(options)
         if self.exists(name):
             return
-        idf = models.SparseVectorParams(modifier=models.Modifier.IDF)
+        dense = models.VectorParams(
+            size=dim, distance=models.Distance.COSINE, on_disk=options.on_disk,
+            hnsw_config=models.HnswConfigDiff(on_disk=True) if options.hnsw_on_disk else None,
+            quantization_config=_quantization(options, models),
+        )  # fmt: skip
+        idf = models.SparseVectorParams(
+            modifier=models.Modifier.IDF, index=models.SparseIndexParams(on_disk=options.sparse_on_disk)
+        )
         self.client.create_collection(
             name,
-            vectors_config={DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
+            vectors_config={DENSE: dense},
             sparse_vectors_config={SPARSE: idf, TITLE: idf},
+            shard_number=options.shard_number,
+            replication_factor=options.replication_factor,
             metadata=meta,
         )
 
@@ -277,6 +376,15 @@ class ClientStore:
         structs = [p.build(models.PointStruct, models.SparseVector) for p in points]
         self.client.upsert(name, structs, wait=True)
 
+    def payloads(self, name: str, doc_ids: list[str], fields: list[str]) -> dict[str, dict[str, Any]]:
+        records = self.client.retrieve(
+            name, [point_id(d) for d in doc_ids], with_payload=["doc_id", *fields], with_vectors=False
+        )
+        return {r.payload["doc_id"]: dict(r.payload) for r in records if r.payload}
+
+    def optimize(self, name: str) -> None:
+        """Nothing to do: a Qdrant server's optimizers run by themselves (and local mode has none)."""
+
     def query(self, name: str, queries: list[Query]) -> list[list[ScoredPayload]]:
         requests = [self._request(q) for q in queries]
         responses = self.client.query_batch_points(name, requests)
@@ -287,11 +395,14 @@ class ClientStore:
         if len(q.prefetches) == 1:
             p = q.prefetches[0]
             return models.QueryRequest(
-                query=self._vector(p), using=p.using, limit=q.limit, filter=flt, with_payload=True
-            )
+                query=self._vector(p), using=p.using, limit=q.limit, filter=flt, with_payload=True,
+                params=self._params(p),
+            )  # fmt: skip
         return models.QueryRequest(
             prefetch=[
-                models.Prefetch(query=self._vector(p), using=p.using, limit=p.limit, filter=flt)
+                models.Prefetch(
+                    query=self._vector(p), using=p.using, limit=p.limit, filter=flt, params=self._params(p)
+                )
                 for p in q.prefetches
             ],
             query=models.RrfQuery(rrf=models.Rrf(k=q.rrf_k, weights=q.weights or None)),
@@ -304,6 +415,15 @@ class ClientStore:
         if isinstance(p.vector, tuple):
             return models.SparseVector(indices=p.vector[0], values=p.vector[1])
         return p.vector
+
+    @staticmethod
+    def _params(p: Prefetch) -> models.SearchParams | None:
+        if p.quantized is None:
+            return None
+        quantization = models.QuantizationSearchParams(
+            rescore=p.quantized.rescore, oversampling=p.quantized.oversampling
+        )
+        return models.SearchParams(quantization=quantization)
 
     def close(self) -> None:
         self.client.close()

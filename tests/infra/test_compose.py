@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 PROFILES = ("cpu", "gpu")
+#: profiles that run beside one of PROFILES (COMPOSE_PROFILES=cpu,qdrant-cluster)
+ADDONS = ("qdrant-cluster",)
 BIN = Path(sys.executable).parent
 
 # The keys this compose file may use per service: a misspelt key (`healtcheck`) fails here, where
@@ -84,15 +86,15 @@ def interpolate(value: str, variables: Mapping[str, str]) -> str:
     return _VAR.sub(sub, value)
 
 
-def active(profile: str) -> dict[str, dict[str, Any]]:
-    """The services `docker compose --profile <profile> up` starts."""
-    return {n: s for n, s in SERVICES.items() if not s.get("profiles") or profile in s["profiles"]}
+def active(*profiles: str) -> dict[str, dict[str, Any]]:
+    """The services `docker compose --profile <profile> [--profile <other>] up` starts."""
+    return {n: s for n, s in SERVICES.items() if not s.get("profiles") or set(profiles) & set(s["profiles"])}
 
 
-def hostnames(profile: str) -> dict[str, str]:
-    """Every name a container can reach in this profile (service names and aliases) -> service."""
+def hostnames(*profiles: str) -> dict[str, str]:
+    """Every name a container can reach in these profiles (service names and aliases) -> service."""
     names = {}
-    for name, service in active(profile).items():
+    for name, service in active(*profiles).items():
         names[name] = name
         for network in (service.get("networks") or {}).values():
             names.update(dict.fromkeys((network or {}).get("aliases", []), name))
@@ -116,11 +118,14 @@ def listens_on(name: str) -> int:
         return int(option(SERVICES[name]["command"], "--port"))
     if name in ("prefect-server", "vllm-serve"):
         return int(option(SERVICES[name]["command"], "--port"))
+    if name.startswith("qdrant-node-"):
+        return IMAGE_PORTS["qdrant"]
     return IMAGE_PORTS[name]
 
 
-def environment(name: str) -> dict[str, str]:
-    return {k: interpolate(str(v), TEST_VARS) for k, v in (SERVICES[name].get("environment") or {}).items()}
+def environment(name: str, variables: Mapping[str, str] = TEST_VARS) -> dict[str, str]:
+    values = SERVICES[name].get("environment") or {}
+    return {k: interpolate(str(v), variables) for k, v in values.items()}
 
 
 def settings_class(service: str) -> type[BaseSettings] | None:
@@ -172,7 +177,7 @@ def test_every_service_has_an_image_known_keys_and_a_command_shape() -> None:
             assert (ROOT / service["build"]["context"] / service["build"]["dockerfile"]).is_file(), name
         for key in ("command", "entrypoint"):
             assert isinstance(service.get(key, []), list), f"{name}.{key}: use the exec (list) form"
-        assert set(service.get("profiles", [])) <= set(PROFILES), name
+        assert set(service.get("profiles", [])) <= {*PROFILES, *ADDONS}, name
 
 
 def test_healthchecks_are_exec_arrays_with_valid_durations() -> None:
@@ -220,6 +225,44 @@ def test_every_profile_runs_each_service_once_and_urls_resolve(profile: str) -> 
                 continue
             assert url.hostname in names, f"{name}: {var} names {url.hostname}, not running in {profile}"
             assert url.port == listens_on(names[url.hostname]), f"{name}: {var} has the wrong port"
+
+
+def test_the_qdrant_cluster_profile_forms_one_cluster_the_retriever_can_use() -> None:
+    """Qdrant's distributed mode: every node has cluster mode on and its own storage; the first
+    names itself with --uri, the others join it with --bootstrap on the p2p port and name
+    themselves; the p2p port is published nowhere. With QDRANT_URL pointing at a node, the
+    retriever's URL resolves in `--profile cpu --profile qdrant-cluster` and it waits for the nodes."""
+    nodes = {n: s for n, s in SERVICES.items() if "qdrant-cluster" in s.get("profiles", [])}
+    assert len(nodes) >= 3 and all(n.startswith("qdrant-node-") for n in nodes)
+    p2p = {n: f"http://{n}:{s['environment']['QDRANT__CLUSTER__P2P__PORT']}" for n, s in nodes.items()}
+    starters = []
+    for name, node in nodes.items():
+        assert node["image"] == SERVICES["qdrant"]["image"] and node["entrypoint"] == ["./qdrant"]
+        assert node["environment"]["QDRANT__CLUSTER__ENABLED"] == "true"
+        assert p2p[name].endswith(":6335") and "ports" not in node
+        assert option(node["command"], "--uri") == p2p[name]
+        assert node["healthcheck"]["test"] == SERVICES["qdrant"]["healthcheck"]["test"]
+        (volume,) = node["volumes"]
+        assert volume.endswith(":/qdrant/storage")
+        if "--bootstrap" in node["command"]:
+            first = option(node["command"], "--bootstrap")
+            assert first in p2p.values() and first != p2p[name]
+            assert node["depends_on"] == {
+                first.split("//")[1].split(":")[0]: {"condition": "service_healthy"}
+            }
+        else:
+            starters.append(name)
+    assert starters == ["qdrant-node-1"], "one node starts the cluster, the others join it"
+    assert len({n["volumes"][0] for n in nodes.values()}) == len(nodes), "each node has its own storage"
+    names = hostnames("cpu", "qdrant-cluster")
+    assert set(nodes) <= set(names)
+    url = urlsplit(
+        environment("retriever", {**TEST_VARS, "QDRANT_URL": "http://qdrant-node-1:6333"})["QDRANT_URL"]
+    )
+    assert url.hostname in names and url.port == listens_on(names[str(url.hostname)])
+    assert environment("retriever")["QDRANT_URL"] == "http://qdrant:6333"  # without it, the single node
+    waits = SERVICES["retriever"]["depends_on"]
+    assert all(waits[n] == {"condition": "service_healthy", "required": False} for n in nodes)
 
 
 def test_the_gpu_profile_reserves_gpus_and_the_cpu_profile_none() -> None:
