@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from hoprl.domain import Question
+from hoprl.domain import Paragraph, Question
+from hoprl.metrics.answer import f1
 from hoprl.schemas import Document
 
 
@@ -31,10 +32,49 @@ def pool(questions: Iterable[Question]) -> list[Document]:
     return list(seen.values())
 
 
-def gold_ids(question: Question) -> set[str]:
-    """Ids of the question's gold paragraphs (``is_gold``, or title in ``gold_titles``)."""
+def gold_paragraphs(question: Question) -> list[Paragraph]:
+    """The question's gold paragraphs (``is_gold``, or title in ``gold_titles``)."""
     titles = set(question.gold_titles)
-    return {doc_id(p.title, p.text) for p in question.paragraphs if p.is_gold or p.title in titles}
+    return [p for p in question.paragraphs if p.is_gold or p.title in titles]
+
+
+def gold_ids(question: Question) -> set[str]:
+    """Ids of the question's gold paragraphs (:func:`gold_paragraphs`) in its own pooled corpus."""
+    return {doc_id(p.title, p.text) for p in gold_paragraphs(question)}
+
+
+def same_title(a: str, b: str) -> bool:
+    """Titles match case- and whitespace-insensitively, as the recipes' rewards match them."""
+    return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
+
+
+def text_overlap(passage: str, paragraph: str) -> float:
+    """Token F1 of ``passage`` against ``paragraph`` after the official answer normalisation
+    (:func:`hoprl.metrics.answer.f1`: lowercase, no punctuation or articles, words as a multiset)."""
+    return f1(passage, [paragraph])
+
+
+def corpus_match(paragraph: Paragraph, candidates: Sequence[Document]) -> tuple[str, float] | None:
+    """The corpus passage among ``candidates`` that stands for the gold ``paragraph``, and its overlap.
+
+    A corpus (a Wikipedia dump) numbers its passages its own way, so a gold paragraph is found in it
+    by content: only a candidate with the paragraph's title can be it; of several with that title
+    (an article cut into 100-word passages, or a distractor titled after it) the one whose text has
+    the highest :func:`text_overlap` with the paragraph's, the earlier candidate on a tie. ``None``
+    when no candidate has the title (the paragraph is not in the corpus).
+
+    >>> gold = Paragraph(title="Ed Wood", text="Ed Wood was an American filmmaker.")
+    >>> a = Document(id="7", title="Ed Wood", text="Wood was born in Poughkeepsie.")
+    >>> b = Document(id="8", title="ed wood", text="Ed Wood was an American filmmaker and actor.")
+    >>> found, overlap = corpus_match(gold, [a, b])  # 5 shared words: P = 5/7, R = 5/5, F1 = 10/12
+    >>> found, round(overlap, 4)
+    ('8', 0.8333)
+    """
+    same = [c for c in candidates if same_title(c.title, paragraph.title)]
+    if not same:
+        return None
+    best = max(same, key=lambda c: text_overlap(c.text, paragraph.text))  # max keeps the first of ties
+    return best.id, text_overlap(best.text, paragraph.text)
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
