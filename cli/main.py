@@ -5,6 +5,7 @@ Examples::
     hoprl serve retriever --port 8001
     hoprl eval-retrieval --data ../shared/data/hotpotqa_dev.jsonl --mode hybrid --k 2 5 10
     hoprl eval-answers --protocol r2ag --limit 3
+    hoprl eval-answers --data ../shared/data/hotpotqa_dev.jsonl --recipe search-r1 --corpus wiki18
     hoprl ingest-corpus wiki18_100w.jsonl --collection wiki18 --on-disk --quantization int8
     hoprl synth --seed 0 --out data/synthetic
     hoprl reward --recipe evo-rag episode.json
@@ -115,18 +116,22 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
     questions = load(args.data, split=args.split, limit=args.limit)
     name = Path(args.data).stem if Path(args.data).exists() else args.data.replace(":", "-")
-    if args.url:
-        with RetrieverClient(args.url) as client:
-            report = evaluate_retrieval(client, questions, args.mode, args.k, name=name)
-    else:
-        from services.local import LocalServer
-        from services.retriever.app import create_app
-        from services.retriever.settings import RetrieverSettings
+    try:
+        if args.url:
+            with RetrieverClient(args.url) as client:
+                report = evaluate_retrieval(client, questions, args.mode, args.k, name, args.corpus)
+        else:
+            from services.local import LocalServer
+            from services.retriever.app import create_app
+            from services.retriever.settings import RetrieverSettings
 
-        settings = RetrieverSettings(storage_path=args.storage) if args.storage else RetrieverSettings()
-        console.print(f"starting the retriever on the embedded default ({settings.storage_path})")
-        with LocalServer(create_app(settings)) as server, RetrieverClient(server.url) as client:
-            report = evaluate_retrieval(client, questions, args.mode, args.k, name=name)
+            settings = RetrieverSettings(storage_path=args.storage) if args.storage else RetrieverSettings()
+            console.print(f"starting the retriever on the embedded default ({settings.storage_path})")
+            with LocalServer(create_app(settings)) as server, RetrieverClient(server.url) as client:
+                report = evaluate_retrieval(client, questions, args.mode, args.k, name, args.corpus)
+    except ValueError as exc:  # a --corpus that does not exist
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
     if args.json:
         print(
             json.dumps(
@@ -199,17 +204,19 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
                 retriever_url,
                 questions,
                 recipe=recipe,
+                collection=args.corpus,
                 limit=args.limit,
                 concurrency=args.concurrency,
                 repeatable=args.repeatable,
                 batch_size=args.batch_size,
+                corpus=bool(args.corpus),
             )
             report.pop("predictions")
             rows.append(report)
     if args.json:
         print(json.dumps(rows))
         return 0
-    table = Table(title=f"answers on {args.data}")
+    table = Table(title=f"answers on {args.data}, {setting(args.corpus, rows)}")
     columns = ("recipe", "EM", "F1", "ended %", "retrievals", "K", "R@K", "FullR@K", "p50 s", "errors")
     for column in columns:
         table.add_column(column, justify="left" if column == "recipe" else "right")
@@ -227,6 +234,14 @@ def cmd_eval_answers(args: argparse.Namespace) -> int:
         )
     Console(width=max(100, Console().width)).print(table)
     return 0
+
+
+def setting(corpus: str | None, rows: list[dict]) -> str:
+    """Where the answers retrieved from, as the report's title names it."""
+    if not corpus:
+        return "retrieving from the questions' own paragraphs (the distractor setting)"
+    unmatched = rows[0].get("gold_unmatched", 0) if rows else 0
+    return f"retrieving from the corpus {corpus} (open-domain; gold paragraphs not in it: {unmatched})"
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -300,6 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="embedded storage folder "
         "(default RETRIEVER_STORAGE_PATH or .hoprl/qdrant); indexes are reused across runs",
     )
+    ev.add_argument(
+        "--corpus",
+        default=None,
+        metavar="COLLECTION",
+        help="search this corpus collection (hoprl ingest-corpus) instead of indexing the pooled "
+        "paragraphs; gold paragraphs are found in it by title, then text",
+    )
     ev.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     ev.set_defaults(func=cmd_eval_retrieval)
 
@@ -329,9 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-hub", action="store_true", help="--protocol: load sets missing from --data-dir from the hub"
     )
     ans.add_argument(
+        "--corpus",
         "--collection",
         default=None,
-        help="--protocol: search this collection instead of the pooled paragraphs",
+        metavar="COLLECTION",
+        help="the open-domain setting: search this corpus collection (hoprl ingest-corpus, e.g. a "
+        "Wikipedia dump) instead of the questions' pooled paragraphs; gold paragraphs are found in it "
+        "by title, then text. --protocol: every set, and the sets without paragraphs (NQ, TriviaQA, "
+        "PopQA, Bamboogle) need it",
     )
     ans.add_argument("--seed", type=int, default=0, help="--protocol: the paper's random sample and sampling")
     ans.add_argument(

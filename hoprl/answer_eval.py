@@ -32,7 +32,7 @@ from hoprl.clients.policy import AsyncPolicyClient, ServiceError
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids, pool
 from hoprl.domain import EpisodeShape, Question
-from hoprl.evaluation import corpus_collection, ensure_indexed, progress
+from hoprl.evaluation import corpus_collection, corpus_gold, ensure_indexed, gold_sets, progress
 from hoprl.jobspec import protocol_shape
 from hoprl.metrics.answer import exact_match, f1
 from hoprl.metrics.retrieval import agent_retrieval
@@ -122,6 +122,19 @@ def prepare_collection(retriever_url: str, questions: Sequence[Question], name: 
     with RetrieverClient(retriever_url) as client:
         ensure_indexed(client, collection, documents)
     return collection
+
+
+def in_corpus(
+    retriever_url: str, collection: str, questions: Sequence[Question], rows: list[dict[str, Any]]
+) -> None:
+    """Re-point each row's ``gold`` at the corpus ``collection``'s passages
+    (:func:`hoprl.evaluation.corpus_gold`: matched by title, then text); ``gold_unmatched`` counts
+    the gold paragraphs the corpus does not hold (they stay gold, never retrieved)."""
+    with RetrieverClient(retriever_url) as client:
+        matches = corpus_gold(client, collection, questions)
+    for row, match, gold in zip(rows, matches, gold_sets(matches), strict=True):
+        row["gold"] = sorted(gold)
+        row["gold_unmatched"] = sum(found is None for found in match.values())
 
 
 def retrieved_ids(reply: AnswerResponse | None) -> list[str]:
@@ -312,6 +325,7 @@ def evaluate_answers(
     repeatable: bool = False,
     batch_size: int = 16,
     settings: AnswerSettings | None = None,
+    corpus: bool = False,
 ) -> dict[str, Any]:
     """EM / F1 / retrieval count / latency of ``recipe`` answering ``questions[:limit]``.
 
@@ -320,6 +334,10 @@ def evaluate_answers(
             (``hoprl eval-answers``, given no URLs, starts both in-process).
         collection: the retriever collection; ``None`` = index the pooled paragraphs of all
             ``questions`` (the benchmark's corpus; cached by content, see ``corpus_collection``).
+        corpus: ``collection`` is a corpus (``hoprl ingest-corpus``, a Wikipedia dump) with its own
+            passage ids, the open-domain setting: the agent's retrieval is scored against the gold
+            paragraphs found in it by title and text (:func:`in_corpus`); ``gold_unmatched`` in
+            the summary counts those it does not hold.
         concurrency: questions in flight at once (the policy batches concurrent generations).
         timeout_s: how long the client waits for one answer. The service bounds each request by its
             own POLICY_REQUEST_TIMEOUT_S (a 504, counted as an error); this only has to be longer,
@@ -341,6 +359,8 @@ def evaluate_answers(
             "repeatable answers are greedy lock-step rounds without references or a generation step; "
             f"these settings ask for {settings}: drop --repeatable"
         )
+    if corpus and not collection:
+        raise ValueError("corpus=True scores against a corpus collection: name it (collection=...)")
     collection = collection or prepare_collection(retriever_url, questions)
     sample = list(questions[:limit] if limit else questions)
     start = time.perf_counter()
@@ -362,9 +382,13 @@ def evaluate_answers(
             _answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s, settings)
         )
     seconds = time.perf_counter() - start
+    if corpus:
+        in_corpus(retriever_url, collection, sample, rows)
     return {
         "recipe": recipe,
         "collection": collection,
+        "corpus": corpus,
+        **({"gold_unmatched": sum(r["gold_unmatched"] for r in rows)} if corpus else {}),
         "repeatable": repeatable,
         "settings": settings.as_json(),
         **summarize(rows),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hoprl.answer_eval import AnswerSettings, evaluate_answers
 from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import doc_id
@@ -10,7 +12,7 @@ from hoprl.recipes import get_recipe
 from services.local import LocalServer
 from services.policy.app import create_app
 
-from .conftest import small_settings
+from .conftest import COLLECTION, small_settings
 
 QUESTIONS = [
     Question(
@@ -78,3 +80,27 @@ def test_r2ag_answers_through_the_generation_step(policy_url: str, indexed: str)
         policy_url, indexed, QUESTIONS[:1], recipe="r2ag", settings=AnswerSettings(max_steps=2)
     )
     assert bare["predictions"][0]["prediction"] is None and bare["em"] == bare["f1"] == 0  # nothing to score
+
+
+def test_open_domain_counts_the_corpus_passages_matched_to_gold(policy_url: str, indexed: str) -> None:
+    """A corpus numbers its passages its own way: COLLECTION's ids are "acme", "roe", "velmora",
+    "ansk", none of them a question paragraph's id. With ``corpus=True`` the gold paragraphs are
+    found in it by title: q0's "Acme Records" is the passage "acme"; q1's gold paragraph "Ostland"
+    has no passage of that title, so it stays gold and is never retrieved. Four hits a search on a
+    four-passage collection retrieve every passage, so by hand: q0 Recall 1, Full-Recall 1, q1 0
+    and 0; the means 0.5 and 0.5 at K = 4; AP of q0 = 1 / the rank of "acme"."""
+    every = AnswerSettings(recipe_config={"top_k": 4})
+    report = evaluate_answers(policy_url, indexed, QUESTIONS[:2], recipe="naive-rag", collection=COLLECTION,
+                              settings=every, corpus=True)  # fmt: skip
+    assert report["errors"] == 0 and report["corpus"] is True and report["gold_unmatched"] == 1
+    q0, q1 = report["predictions"]
+    assert sorted(q0["retrieved"]) == sorted(q1["retrieved"]) == ["acme", "ansk", "roe", "velmora"]
+    assert q0["gold"] == ["acme"] and q0["gold_unmatched"] == 0
+    assert (
+        q1["gold"] == [doc_id("Ostland", "Velmora is the capital of Ostland.")] and q1["gold_unmatched"] == 1
+    )
+    assert report["agent_k"] == 4.0
+    assert report["agent_recall"] == report["agent_full_recall"] == 0.5
+    assert report["agent_map"] == (1 / (q0["retrieved"].index("acme") + 1)) / 2
+    with pytest.raises(ValueError, match="name it"):
+        evaluate_answers(policy_url, indexed, QUESTIONS[:1], corpus=True)
