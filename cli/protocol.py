@@ -2,12 +2,18 @@
 
 For each evaluation set of :data:`hoprl.protocols.PROTOCOLS` ``[recipe]``: the questions come from
 ``--data-dir`` (``../shared/data``) or, with ``--from-hub``, from the Hugging Face hub; a set that
-is on neither is skipped with a line that says why. The paper's sample (a seeded random one where
-the paper samples), then ``--limit`` of it, go through ``/v1/answer`` at the paper's step cap and
-decoding (:class:`hoprl.answer_eval.AnswerSettings`), then R2AG's generation step; where the
-paper reports a judge's accuracy the judge service grades the answers (its backend is printed: the
-paper's LLM judge or the rules fallback). Each set's table shows the paper's rows beside ours:
-compared when the served model is the paper's backbone, else labelled with the paper's model.
+is on neither is skipped with a line that says why. ``--corpus COLLECTION`` (a corpus ingested with
+``hoprl ingest-corpus``) is the open-domain setting: every set searches it, gold paragraphs matched
+in it by title and text; a set whose questions carry no paragraphs (NQ, TriviaQA, PopQA, Bamboogle)
+runs only with it and is skipped, saying so, without. Each set's lines name where the paper
+retrieves from (:meth:`hoprl.protocols.Protocol.setting`) and where this run does.
+
+The paper's sample (a seeded random one where the paper samples), then ``--limit`` of it, go through
+``/v1/answer`` at the paper's step cap and decoding (:class:`hoprl.answer_eval.AnswerSettings`),
+then R2AG's generation step; where the paper reports a judge's accuracy the judge service grades the
+answers (its backend is printed: the paper's LLM judge or the rules fallback). Each set's table
+shows the paper's rows beside ours: compared when the served model is the paper's backbone, else
+labelled with the paper's model.
 """
 
 from __future__ import annotations
@@ -104,8 +110,10 @@ def set_table(protocol: Protocol, evalset: EvalSet, report: dict[str, Any]) -> T
     """One row per protocol metric with this run's figure (in the paper's unit), then the paper's rows
     for it: with the difference when the served model is the paper's backbone, else labelled as the
     paper's model's result."""
+    where = f"corpus {report['collection']}" if report.get("corpus") else "the questions' paragraphs"
     title = (f"{protocol.paper} protocol: {evalset.dataset} {evalset.split}, "
-             f"{report['questions']} questions, model {report.get('model') or '?'}")  # fmt: skip
+             f"{report['questions']} questions, model {report.get('model') or '?'}, retrieving from "
+             f"{where} (the paper: {protocol.setting(evalset)})")  # fmt: skip
     table = Table(title=title)
     for column in ("metric", "this run", "paper", "ours - paper", "paper's model", "source"):
         table.add_column(
@@ -133,6 +141,16 @@ def set_table(protocol: Protocol, evalset: EvalSet, report: dict[str, Any]) -> T
     return table
 
 
+def retrieval_note(protocol: Protocol, evalset: EvalSet, corpus: str | None) -> str:
+    """Where this run retrieves ``evalset``'s evidence from, beside where the paper does."""
+    here = (f"retrieving from the corpus {corpus} (open-domain; gold paragraphs matched by title, then "
+            "text)" if corpus else "retrieving from the questions' own paragraphs")  # fmt: skip
+    paper = protocol.setting(evalset)
+    if evalset.open_domain and protocol.corpus and not corpus:
+        return f"{here}; the paper: {paper}. Pass --corpus COLLECTION for its setting"
+    return f"{here}; the paper: {paper}"
+
+
 def run_protocol(
     args: argparse.Namespace, policy_url: str, retriever_url: str, judge_url: str | None
 ) -> list[dict]:
@@ -140,8 +158,10 @@ def run_protocol(
     from hoprl.answer_eval import AnswerSettings, evaluate_answers
 
     protocol = get_protocol(args.protocol)
+    corpus = f"{protocol.corpus} ({protocol.corpus_source})" if protocol.corpus else "own paragraphs"
     console.print(
-        f"{protocol.paper}: steps {protocol.max_steps or 'service default'} ({protocol.steps_source}); "
+        f"{protocol.paper}: retrieves from {corpus}; "
+        f"steps {protocol.max_steps or 'service default'} ({protocol.steps_source}); "
         f"temperature {protocol.temperature}, top-p {protocol.top_p} ({protocol.decoding_source}); "
         f"metrics {', '.join(protocol.metrics)} ({protocol.metrics_source})"
     )
@@ -156,20 +176,24 @@ def run_protocol(
         if questions is None:
             console.print(f"[yellow]skip[/yellow] {origin}")
             continue
-        if not any(q.paragraphs for q in questions) and not args.collection:
-            console.print(f"[yellow]skip[/yellow] {evalset.dataset}: open-domain (no paragraphs); index its "
-                          f"corpus ({evalset.note or 'a Wikipedia dump'}) and pass --collection")  # fmt: skip
+        if not any(q.paragraphs for q in questions) and not args.corpus:
+            console.print(
+                f"[yellow]skip[/yellow] {evalset.dataset}: its questions carry no paragraphs, so it needs "
+                f"a corpus: ingest one ({protocol.corpus or 'a Wikipedia dump'}) with hoprl ingest-corpus "
+                "and pass --corpus COLLECTION"
+            )
             continue
+        console.print(f"{evalset.dataset}: {retrieval_note(protocol, evalset, args.corpus)}")
         chosen = paper_sample(questions, evalset, args.seed)
         console.print(
             f"{evalset.dataset}: {len(chosen)} of {len(questions)} questions from {origin} "
             f"(the paper: {evalset.questions or 'not given'}); answering {args.limit or len(chosen)}"
         )
         report = evaluate_answers(
-            policy_url, retriever_url, chosen, recipe=protocol.recipe, collection=args.collection,
+            policy_url, retriever_url, chosen, recipe=protocol.recipe, collection=args.corpus,
             limit=args.limit, concurrency=args.concurrency, repeatable=args.repeatable,
             settings=AnswerSettings.of(protocol, seed=args.seed, dataset=evalset.dataset),
-            batch_size=args.batch_size,
+            batch_size=args.batch_size, corpus=bool(args.corpus),
         )  # fmt: skip
         rows = report.pop("predictions")
         models = {r["model"] for r in rows if r.get("model")}
@@ -177,7 +201,7 @@ def run_protocol(
         if "judge" in protocol.metrics and judge_url:
             report |= judge_verdicts(judge_url, rows, {q.id: q for q in chosen})
         report |= {"protocol": protocol.recipe, "dataset": evalset.dataset, "split": evalset.split,
-                   "source": origin}  # fmt: skip
+                   "source": origin, "paper_setting": protocol.setting(evalset)}  # fmt: skip
         report["paper"] = paper_rows(protocol, evalset.dataset, report)
         reports.append(report)
     return reports

@@ -36,6 +36,13 @@ LOCAL_FILES = {
     ("hotpotqa", "dev"): "hotpotqa_dev.jsonl",
     ("2wiki", "dev"): "2wiki_dev.jsonl",
     ("musique", "dev"): "musique_dev.jsonl",
+    # the open-domain sets, where a user puts them (their questions carry no paragraphs: --corpus)
+    ("nq", "dev"): "nq_dev.jsonl",
+    ("nq", "test"): "nq_test.jsonl",
+    ("triviaqa", "dev"): "triviaqa_dev.jsonl",
+    ("triviaqa", "test"): "triviaqa_test.jsonl",
+    ("popqa", "test"): "popqa_test.jsonl",
+    ("bamboogle", "test"): "bamboogle_test.jsonl",
 }
 #: the project's summary key of each protocol metric (hoprl.answer_eval.summarize, flows/evaluate)
 METRIC_KEYS = {
@@ -64,6 +71,9 @@ class EvalSet:
     note: str = ""
     #: recipe options for this set only, over the protocol's (R2AG's top-t from the set's hops)
     recipe_config: dict[str, Any] = field(default_factory=dict)
+    #: the paper retrieves this set's evidence from its Wikipedia dump (:attr:`Protocol.corpus`),
+    #: not from the paragraphs that come with the questions
+    open_domain: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,17 @@ class Protocol:
     #: recipe options every answer is asked with (``/v1/answer``'s ``recipe_config``)
     recipe_config: dict[str, Any] = field(default_factory=dict)
     recipe_config_source: str = ""
+    #: the Wikipedia dump the paper retrieves from for its ``open_domain`` sets (None: every set
+    #: retrieves from its questions' own paragraphs); ``hoprl eval-answers --corpus`` names the
+    #: collection that stands in for it
+    corpus: str | None = None
+    corpus_source: str = ""
+
+    def setting(self, evalset: EvalSet) -> str:
+        """Where the paper retrieves ``evalset``'s evidence from, in words."""
+        if evalset.open_domain and self.corpus:
+            return f"open-domain: {self.corpus} ({self.corpus_source})"
+        return "the questions' own paragraphs"
 
     def config_for(self, dataset: str | None) -> dict[str, Any]:
         """The recipe options of an answer on ``dataset``: the protocol's, then its set's."""
@@ -159,6 +180,7 @@ PROTOCOLS: dict[str, Protocol] = {
                 "App. C.2",
                 "open-domain: the 2021 Wikipedia dump as corpus; top-t 1 (one hop)",
                 {"top_t": 1},
+                open_domain=True,
             ),
             EvalSet("multihoprag", "test", None, False, "App. C.2", "hard 3-4 hop samples; no loader here"),
             EvalSet("longbench-v2", "test", 503, False, "App. C.2", "multiple choice (Acc); no loader here"),
@@ -186,18 +208,28 @@ PROTOCOLS: dict[str, Protocol] = {
         ),
         recipe_config={"top_k": 2},
         recipe_config_source="§3.2, Table 5: top-k = 2 per sub-query; App. C.2: top-t = M/2 per set",
+        corpus="the 2021 Wikipedia dump of Izacard et al. (2022)",
+        corpus_source="App. C.2: NQ only; the other sets retrieve from their own document collections",
     ),
     "eval-rar": Protocol(
         recipe="eval-rar",
         paper="Eval-RAR",
         sets=(
-            EvalSet("nq", "test", 3610, False, "App. A.4, Table 4", "open-domain: Wikipedia 2018 corpus"),
-            EvalSet("triviaqa", "test", 11313, False, "App. A.4, Table 4", "open-domain"),
-            EvalSet("popqa", "test", 14267, False, "App. A.4, Table 4", "open-domain"),
-            EvalSet("hotpotqa", "dev", 7405, False, "App. A.4, Table 4"),
-            EvalSet("2wiki", "dev", 12576, False, "App. A.4, Table 4"),
-            EvalSet("musique", "dev", 2417, False, "App. A.4, Table 4"),
-            EvalSet("bamboogle", "test", 125, False, "App. A.4, Table 4", "open-domain"),
+            EvalSet(
+                "nq",
+                "test",
+                3610,
+                False,
+                "App. A.4, Table 4",
+                "open-domain: Wikipedia 2018 corpus",
+                open_domain=True,
+            ),
+            EvalSet("triviaqa", "test", 11313, False, "App. A.4, Table 4", "open-domain", open_domain=True),
+            EvalSet("popqa", "test", 14267, False, "App. A.4, Table 4", "open-domain", open_domain=True),
+            EvalSet("hotpotqa", "dev", 7405, False, "App. A.4, Table 4", open_domain=True),
+            EvalSet("2wiki", "dev", 12576, False, "App. A.4, Table 4", open_domain=True),
+            EvalSet("musique", "dev", 2417, False, "App. A.4, Table 4", open_domain=True),
+            EvalSet("bamboogle", "test", 125, False, "App. A.4, Table 4", "open-domain", open_domain=True),
         ),
         max_steps=None,
         steps_source="Algorithm 1 names a step limit N; its value is not given",
@@ -208,6 +240,8 @@ PROTOCOLS: dict[str, Protocol] = {
         metrics_source="§5.1: Exact Match",
         judge=None,
         top_k="§5.1: top-3 documents per query",
+        corpus="the December 2018 Wikipedia dump (DPR's, Karpukhin et al. 2020), searched with E5-base-v2",
+        corpus_source="§5.1: every set, as in Search-R1",
     ),
     "arena": Protocol(
         recipe="arena",
@@ -233,13 +267,37 @@ PROTOCOLS: dict[str, Protocol] = {
         recipe="when-to-search",
         paper="Learning When to Search",
         sets=(
-            EvalSet("nq", "dev", None, False, "§4.1, App. B.1", "split not given; open-domain"),
-            EvalSet("popqa", "test", None, False, "§4.1, App. B.1", "split not given; open-domain"),
-            EvalSet("triviaqa", "dev", None, False, "§4.1, App. B.1", "split not given; open-domain"),
-            EvalSet("hotpotqa", "dev", None, False, "§4.1, App. B.1", "split and size not given"),
-            EvalSet("musique", "dev", None, False, "§4.1, App. B.1", "split and size not given"),
-            EvalSet("2wiki", "dev", None, False, "§4.1, App. B.1", "split and size not given"),
-            EvalSet("bamboogle", "test", None, False, "§4.1, App. B.1", "open-domain"),
+            EvalSet(
+                "nq", "dev", None, False, "§4.1, App. B.1", "split not given; open-domain", open_domain=True
+            ),
+            EvalSet(
+                "popqa",
+                "test",
+                None,
+                False,
+                "§4.1, App. B.1",
+                "split not given; open-domain",
+                open_domain=True,
+            ),
+            EvalSet(
+                "triviaqa",
+                "dev",
+                None,
+                False,
+                "§4.1, App. B.1",
+                "split not given; open-domain",
+                open_domain=True,
+            ),
+            EvalSet(
+                "hotpotqa", "dev", None, False, "§4.1, App. B.1", "split and size not given", open_domain=True
+            ),
+            EvalSet(
+                "musique", "dev", None, False, "§4.1, App. B.1", "split and size not given", open_domain=True
+            ),
+            EvalSet(
+                "2wiki", "dev", None, False, "§4.1, App. B.1", "split and size not given", open_domain=True
+            ),
+            EvalSet("bamboogle", "test", None, False, "§4.1, App. B.1", "open-domain", open_domain=True),
         ),
         max_steps=5,
         steps_source="App. B.3 Table 5: max_turns 5 (a training setting; evaluation's is not given)",
@@ -251,6 +309,8 @@ PROTOCOLS: dict[str, Protocol] = {
         judge="Qwen3-235B-A22B-Instruct (App. B.2, prompt App. B.4)",
         judge_prompt="when_to_search_judge@1",
         top_k="§4.2: top-k 5",
+        corpus="Wikipedia of September 2025 through FlashRAG, searched with E5",
+        corpus_source="§4.2: every set",
     ),
 }
 

@@ -4,6 +4,7 @@ on two real HotpotQA questions."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -82,3 +83,62 @@ def test_pipeline_passes_the_protocol_to_the_flow() -> None:
     assert options["protocol"] == "r2ag" and options["data_dir"] == "../shared/data"
     assert {"protocol", "data_dir"} <= set(inspect.signature(pipeline.fn).parameters)
     assert "protocol" not in pipeline_cli.pipeline_options(parser.parse_args(["--small"]))
+
+
+def protocol_args(data_dir: Path, corpus: str | None) -> argparse.Namespace:
+    return argparse.Namespace(protocol="eval-rar", datasets=["nq"], data_dir=str(data_dir), from_hub=False,
+                              corpus=corpus, seed=0, limit=2, concurrency=2, repeatable=False,
+                              batch_size=16)  # fmt: skip
+
+
+def nq_folder(tmp_path: Path) -> Path:
+    """Two NQ-like questions: open-domain, no paragraphs (Eval-RAR's NQ test split, App. A.4)."""
+    from hoprl.domain import Question
+
+    questions = [
+        Question(id=f"nq{i}", dataset="nq", split="test", question=q, answers=[a])
+        for i, (q, a) in enumerate(
+            [("who founded acme records", "Jane Roe"), ("capital of ostland", "Velmora")]
+        )
+    ]
+    write_questions(tmp_path / "nq_test.jsonl", questions)
+    return tmp_path
+
+
+def test_an_open_domain_set_says_it_needs_a_corpus(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from cli import protocol
+
+    reports = protocol.run_protocol(protocol_args(nq_folder(tmp_path), None), "unused", "unused", None)
+    assert reports == []
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Eval-RAR: retrieves from the December 2018 Wikipedia dump" in err
+    assert ("skip nq: its questions carry no paragraphs, so it needs a corpus: ingest one (the December "
+            "2018 Wikipedia dump") in err and "pass --corpus COLLECTION" in err  # fmt: skip
+
+
+def test_an_open_domain_set_runs_on_a_named_corpus(
+    tmp_path: Path, retriever_url: str, tiny_model: str, capsys: pytest.CaptureFixture
+) -> None:
+    from cli import protocol
+    from hoprl.clients.retriever import RetrieverClient
+    from hoprl.schemas import Document
+    from services.local import LocalServer
+    from services.policy.app import create_app
+    from services.policy.settings import PolicySettings
+
+    with RetrieverClient(retriever_url) as client:
+        passages = [Document(id="0", title="Acme Records", text="Founded by Jane Roe."),
+                    Document(id="1", title="Ostland", text="Its capital is Velmora.")]  # fmt: skip
+        client.ingest("nq-corpus", passages)
+    settings = PolicySettings(engine="transformers", model=tiny_model, retriever_url=retriever_url,
+                              max_steps=2, max_new_tokens_per_step=8, max_tokens=8,
+                              token_budget=512)  # fmt: skip
+    with LocalServer(create_app(settings)) as policy:
+        args = protocol_args(nq_folder(tmp_path), "nq-corpus")
+        (report,) = protocol.run_protocol(args, policy.url, retriever_url, None)
+    assert (report["dataset"], report["questions"], report["errors"]) == ("nq", 2, 0)
+    assert report["collection"] == "nq-corpus" and report["corpus"] is True
+    assert report["gold_unmatched"] == 0 and "agent_recall" not in report  # no gold paragraphs to count
+    assert report["paper_setting"].startswith("open-domain: the December 2018 Wikipedia dump")
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nq: retrieving from the corpus nq-corpus (open-domain; gold paragraphs matched by title" in err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,22 @@ def test_bamboogle_ids_are_stable_across_processes() -> None:
     }
     assert len(ids) == 1 and ids == {bamboogle(row, "test").id}
     assert HUB["bamboogle"].splits["test"] == "test"  # Bamboogle's 125 questions are its test split
+
+
+def test_where_each_paper_retrieves_from(tmp_path: Path) -> None:
+    seven = {"nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle"}
+    # Eval-RAR §5.1: every set from the December 2018 dump, as Search-R1; when-to-search §4.2: every
+    # set from Wikipedia through FlashRAG; R2AG App. C.2: NQ only, the others their own collections
+    assert {s.dataset for s in PROTOCOLS["eval-rar"].sets if s.open_domain} == seven
+    assert {s.dataset for s in PROTOCOLS["when-to-search"].sets if s.open_domain} == seven
+    r2ag = PROTOCOLS["r2ag"]
+    assert [s.dataset for s in r2ag.sets if s.open_domain] == ["nq"]
+    nq, hotpotqa = (next(s for s in r2ag.sets if s.dataset == d) for d in ("nq", "hotpotqa"))
+    assert r2ag.setting(nq).startswith("open-domain: the 2021 Wikipedia dump of Izacard et al.")
+    assert r2ag.setting(hotpotqa) == "the questions' own paragraphs"
+    assert "December 2018" in (PROTOCOLS["eval-rar"].corpus or "")
+    for recipe in ("evo-rag", "arena"):  # the questions' own paragraphs (ARENA §4.1: given paragraphs)
+        assert PROTOCOLS[recipe].corpus is None and not any(s.open_domain for s in PROTOCOLS[recipe].sets)
+    # an open-domain set's file is found where a user puts it
+    (tmp_path / "nq_test.jsonl").write_text("")
+    assert local_file(PROTOCOLS["eval-rar"].sets[0], tmp_path) == tmp_path / "nq_test.jsonl"
