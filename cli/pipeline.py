@@ -180,6 +180,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its datasets from --data-dir, --eval-limit questions each, its step cap and decoding)",
         "--protocol: the benchmark files",
     )
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        metavar="COLLECTION",
+        help="the open-domain setting: train and evaluate against this corpus collection "
+        "(hoprl ingest-corpus) instead of indexing the dataset's paragraphs; gold paragraphs are "
+        "found in it by title, then text",
+    )
     parser.add_argument("--run-id", default=None, help="resume this run (default: a new run)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
@@ -240,6 +248,7 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
         "limit": args.limit,
         "baselines": args.baselines,
         **({"protocol": args.protocol, "data_dir": args.data_dir} if args.protocol else {}),
+        **({"corpus": args.corpus} if args.corpus else {}),
     }
 
 

@@ -13,6 +13,10 @@ index then score the same on every run. On top of that:
   retrieval and generation time per question (T_r / T_g);
 - **the index's retrieval**: Recall@K, Full-Recall@K and mAP of the retriever on the run's index,
   with each question as the query, against the gold paragraphs (independent of the policy);
+- **the open-domain setting** (``corpus=True``: the collection is a corpus such as a Wikipedia
+  dump, with its own passage ids): both retrieval scores count a gold paragraph through the corpus
+  passage matched to it by title, then text (:func:`hoprl.evaluation.corpus_gold`);
+  ``gold_unmatched`` counts the gold paragraphs the corpus does not hold;
 - the evaluation and its per-question predictions are stored in the registry (the paired
   bootstrap against the baseline reads them), the predictions also as
   ``<run folder>/evals/<label>.json``, and the run's report is published again
@@ -39,6 +43,7 @@ from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions, write_questions
 from hoprl.domain import EpisodeShape, Question, ended_shares
+from hoprl.evaluation import corpus_gold, gold_sets
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.protocols import get_protocol, local_file, sample
 from hoprl.registry import Prediction
@@ -67,6 +72,7 @@ SUMMARY_KEYS = (
     "model",
     "episode",
     "limited",
+    "gold_unmatched",
 )
 
 
@@ -82,6 +88,7 @@ def answer_questions(
     protocol: str | None = None,
     shape: EpisodeShape | None = None,
     recipe_config: dict[str, Any] | None = None,
+    corpus: bool = False,
 ) -> dict[str, Any]:
     """Ask the policy every question; write the per-question rows to ``out``, return the summary.
     ``protocol``: ask as that paper's evaluation does (its episode, decoding, generation step);
@@ -93,8 +100,9 @@ def answer_questions(
         else AnswerSettings(shape=shape, recipe_config=dict(recipe_config or {}))
     )
     report = evaluate_answers(
-        policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings
-    )
+        policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings,
+        corpus=corpus,
+    )  # fmt: skip
     report["model"] = next((r["model"] for r in report["predictions"] if r.get("model")), None)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report["predictions"], indent=1))
@@ -134,18 +142,24 @@ def judge_llm_share(rows: list[dict[str, Any]]) -> float | None:
 
 
 @task(retries=2, retry_delay_seconds=5)
-def retrieval_metrics(questions: list[Question], collection: str, retriever_url: str) -> dict[str, float]:
+def retrieval_metrics(
+    questions: list[Question], collection: str, retriever_url: str, corpus: bool = False
+) -> dict[str, float]:
     """Recall@K / Full-Recall@K / mAP of a hybrid search with each question as the query.
 
-    A chunk counts as its paragraph (ids ``<doc id>#<n>``), at its best rank.
+    A chunk counts as its paragraph (ids ``<doc id>#<n>``), at its best rank. ``corpus``: the
+    collection is a corpus, its gold passages found by title and text (:func:`corpus_gold`).
     """
     graded = [q for q in questions if gold_ids(q)]
     if not graded:
         return {}
     with RetrieverClient(retriever_url) as client:
         hits = client.search(collection, [q.question for q in graded], top_k=max(KS), mode="hybrid")
+        golds = (
+            gold_sets(corpus_gold(client, collection, graded)) if corpus else [gold_ids(q) for q in graded]
+        )
     rankings = [list(dict.fromkeys(h.id.split("#")[0] for h in row)) for row in hits]
-    report = retrieval_report(rankings, [gold_ids(q) for q in graded], KS)
+    report = retrieval_report(rankings, golds, KS)
     return {k: v for k, v in report.items() if k != "questions"}
 
 
@@ -227,6 +241,7 @@ def evaluate(
     protocol: str | None = None,
     shape: EpisodeShape | None = None,
     recipe_config: dict[str, Any] | None = None,
+    corpus: bool = False,
 ) -> dict[str, Any]:
     """Evaluate the policy as served now on ``questions_path[:limit]`` and publish the run's report.
 
@@ -242,6 +257,8 @@ def evaluate(
             greedy); unset: the service's. The report states the episode each evaluation ran.
         recipe_config: without a protocol, the recipe's options every answer runs with (a
             pipeline's: the config its jobs train with, so the model is asked as it was trained).
+        corpus: ``collection`` is a corpus (the open-domain setting): gold paragraphs are found in
+            it by title and text.
 
     Returns ``{"evaluation_id", "metrics", "report"}`` (``report``: the report's path).
     """
@@ -259,9 +276,10 @@ def evaluate(
         protocol,
         shape,
         recipe_config,
+        corpus,
     )
     verdicts = judge_answers(str(out), questions, judge_url)
-    retrieval = retrieval_metrics(questions, collection, retriever_url)
+    retrieval = retrieval_metrics(questions, collection, retriever_url, corpus)
     rows = json.loads(out.read_text())
     metrics = {
         **summary,
@@ -273,6 +291,7 @@ def evaluate(
         "label": label,
         "recipe": recipe,
         "collection": collection,
+        "corpus": corpus,
         "repeatable": repeatable,
         "protocol": protocol,
     }
@@ -310,28 +329,40 @@ def evaluate_protocol(
     limit: int | None = None,
     checkpoint_id: int | None = None,
     seed: int = 0,
+    corpus: str | None = None,
 ) -> dict[str, Any]:
     """The paper's evaluation of the policy as served now: every set of ``protocol`` found in
     ``data_dir``, its paper's sample (written to ``<run folder>/protocol/``) indexed as its own
-    corpus, ``limit`` questions each, labelled ``final/<dataset>``. Sets not on disk are logged
-    and skipped (``hoprl eval-answers --protocol --from-hub`` loads them where the hub is reachable).
+    corpus, or searched in the ``corpus`` collection when one is named (the open-domain setting),
+    ``limit`` questions each, labelled ``final/<dataset>``. Sets not on disk are logged
+    and skipped (``hoprl eval-answers --protocol --from-hub`` loads them where the hub is reachable),
+    and so, without a corpus, are sets whose questions carry no paragraphs.
 
     Returns ``{dataset: evaluate()'s result}`` for the sets evaluated.
     """
-    log, out = get_run_logger(), {}
-    for evalset in get_protocol(protocol).sets:
+    log, out, paper = get_run_logger(), {}, get_protocol(protocol)
+    for evalset in paper.sets:
         path = local_file(evalset, data_dir)
         if path is None:
             log.info("protocol %s: %s (%s) is not in %s, skipped", protocol, evalset.dataset, evalset.split,
                      data_dir)  # fmt: skip
             continue
         chosen = sample(load_questions(path), evalset, seed)
+        if corpus is None and not any(q.paragraphs for q in chosen):
+            log.warning("protocol %s: %s carries no paragraphs and needs a corpus (the paper: %s); "
+                        "skipped: name one (corpus=...)",
+                        protocol, evalset.dataset, paper.setting(evalset))  # fmt: skip
+            continue
+        where = f"the corpus {corpus}" if corpus else "its own paragraphs"
+        log.info("protocol %s: %s from %s; the paper: %s", protocol, evalset.dataset, where,
+                 paper.setting(evalset))  # fmt: skip
         chosen_path = run_dir(run_id) / "protocol" / f"{evalset.dataset}_{evalset.split}.jsonl"
         write_questions(chosen_path, chosen)
-        collection = prepare_collection(retriever_url, chosen)
-        label, recipe = f"final/{evalset.dataset}", get_protocol(protocol).recipe
+        collection = corpus or prepare_collection(retriever_url, chosen)
+        label, recipe = f"final/{evalset.dataset}", paper.recipe
         out[evalset.dataset] = evaluate(
             run_id, label, str(chosen_path), collection, recipe, policy_url, retriever_url, judge_url,
             dataset=evalset.dataset, limit=limit, checkpoint_id=checkpoint_id, protocol=protocol,
+            corpus=corpus is not None,
         )  # fmt: skip
     return out

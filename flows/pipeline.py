@@ -4,6 +4,9 @@
       -> evaluate (the SFT checkpoint) -> headroom (pass@1 / pass@k of the warm start on dev)
       -> train (RL in segments, curriculum between them) -> evaluate (final checkpoint) -> summary
 
+With ``corpus`` (a collection ``hoprl ingest-corpus`` made), build_index is skipped and every job
+and evaluation searches the corpus: the open-domain setting.
+
 Every phase runs the run's one episode shape (:func:`run_shape`, stored in its registry config as
 ``episode``).
 
@@ -125,9 +128,11 @@ def evaluations(
     limit: int | None,
     shape: EpisodeShape,
     recipe_config: dict[str, Any],
+    corpus: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """The untrained policy on the test split: the run's recipe (``baseline``) and each baseline
-    recipe, all in the run's episode ``shape`` (the baselines with their own documents a search)."""
+    recipe, all in the run's episode ``shape`` (the baselines with their own documents a search);
+    ``corpus``: ``collection`` is a corpus (the open-domain setting)."""
     out = {}
     for label, name in [("baseline", recipe)] + [(f"baseline/{b}", b) for b in baselines if b != recipe]:
 
@@ -145,6 +150,7 @@ def evaluations(
                 limit=limit,
                 shape=shape if name == recipe else shape.model_copy(update={"top_k": None, "stop": None}),
                 recipe_config=recipe_config if name == recipe else None,
+                corpus=corpus,
             )
 
         out[label] = once(run_id, f"eval/{label}", run, "evaluation_id")
@@ -162,8 +168,10 @@ def evaluate_checkpoint(
     limit: int | None,
     shape: EpisodeShape,
     recipe_config: dict[str, Any],
+    corpus: bool = False,
 ) -> dict[str, Any]:
-    """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run), in ``shape``."""
+    """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run), in ``shape``
+    (``corpus``: ``collection`` is a corpus, the open-domain setting)."""
 
     def run() -> dict[str, Any]:
         serve_checkpoint(urls.policy, checkpoint["path"])
@@ -181,6 +189,7 @@ def evaluate_checkpoint(
             checkpoint_id=checkpoint["checkpoint_id"],
             shape=shape,
             recipe_config=recipe_config,
+            corpus=corpus,
         )
 
     return once(run_id, f"eval/{label}", run, "evaluation_id")
@@ -233,6 +242,7 @@ def pipeline(
     preset: Preset = "paper",
     protocol: str | None = None,
     data_dir: str = "../shared/data",
+    corpus: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset`` with ``recipe`` and report it against the untrained model.
 
@@ -254,6 +264,10 @@ def pipeline(
         protocol: after the final evaluation, also run this paper's evaluation on the trained policy
             (:func:`flows.evaluate.evaluate_protocol`: its sets found in ``data_dir``, ``eval_limit``
             questions each, its step cap and decoding; the report shows the paper's figures).
+        corpus: a corpus collection (``hoprl ingest-corpus``, a Wikipedia dump) that the jobs and
+            every evaluation search instead of the dataset's own paragraphs, which are then not
+            indexed (the open-domain setting); retrieval metrics find the gold paragraphs in it by
+            title and text (:func:`hoprl.evaluation.corpus_gold`).
 
     Returns the summary: EM / F1 / judge / retrievals before and after, report and plot paths,
     the final checkpoint and the collection it searches.
@@ -262,7 +276,7 @@ def pipeline(
         recipe=recipe, objective=objective, model=model, dataset=dataset, steps=steps, sft_steps=sft_steps,
         segments=segments, eval_limit=eval_limit, dev_limit=dev_limit, baselines=tuple(baselines or ()),
         seed=seed, limit=limit, hyperparameters=hyperparameters or {}, recipe_config=recipe_config or {},
-        preset=preset, protocol=protocol, data_dir=data_dir,
+        preset=preset, protocol=protocol, data_dir=data_dir, corpus=corpus,
     )  # fmt: skip
     run_id = run_id or f"{spec.recipe}-{uuid.uuid4().hex[:8]}"
     hp = job_hyperparameters(spec.recipe, spec.steps, spec.hyperparameters, spec.recipe_config, spec.preset)
@@ -292,16 +306,23 @@ def stages(
     data = once(
         run_id, "prepare_data", lambda: prepare_data(spec.dataset, run_id, seed, spec.limit), "dataset_id"
     )
-    index = once(run_id, "build_index", lambda: build_index(run_id, data, urls.retriever), "index_id")
-    collection = index["collection"]
+    if spec.corpus:  # the open-domain setting: the corpus stands in for the dataset's paragraphs
+        collection, open_domain = spec.corpus, True
+    else:
+        index = once(run_id, "build_index", lambda: build_index(run_id, data, urls.retriever), "index_id")
+        collection, open_domain = index["collection"], False
     config = hp["recipe_config"]  # the recipe as its jobs train it: evaluations ask the model alike
-    evals = evaluations(run_id, urls, data, collection, recipe, spec.baselines, eval_limit, greedy, config)
+    evals = evaluations(
+        run_id, urls, data, collection, recipe, spec.baselines, eval_limit, greedy, config, open_domain
+    )
     request = job_request(recipe, spec.trained_objective, spec.dataset, data, collection, seed, hp)
     if spec.sft_steps > 0:
         with progress.stage("warm_start", steps=spec.sft_steps):
             sft = warm_start(run_id, {**request, "model": spec.model, "steps": spec.sft_steps}, urls)
         # what the RL steps start from
-        evaluate_checkpoint(run_id, "sft", sft, urls, data, collection, recipe, eval_limit, greedy, config)
+        evaluate_checkpoint(
+            run_id, "sft", sft, urls, data, collection, recipe, eval_limit, greedy, config, open_domain
+        )
     else:  # RL starts from the model itself, registered as the run's step-0 checkpoint
         registry().add_checkpoint(run_id, 0, resolve_model(spec.model, MODEL_CACHE), {"objective": "base"})
     dev = {"path": data["paths"]["dev"], "limit": spec.dev_limit}
@@ -311,7 +332,7 @@ def stages(
         # the last checkpoint is evaluated on test right below: no dev check of it
         final = train(run_id, request, spec.steps, spec.segments, dev, urls, check_last=False)
     after = evaluate_checkpoint(
-        run_id, "final", final, urls, data, collection, recipe, eval_limit, greedy, config
+        run_id, "final", final, urls, data, collection, recipe, eval_limit, greedy, config, open_domain
     )
     if spec.protocol:
         protocol, data_dir = spec.protocol, spec.data_dir
@@ -328,6 +349,7 @@ def stages(
                 limit=eval_limit,
                 checkpoint_id=final["checkpoint_id"],
                 seed=seed,
+                corpus=spec.corpus,
             ),
         )
     mark(run_id, "done")

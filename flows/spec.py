@@ -46,6 +46,12 @@ class RunSpec(BaseModel):
     preset: Preset = "paper"
     protocol: str | None = Field(None, description="a paper's evaluation run on the trained policy")
     data_dir: str = Field("../shared/data", description="--protocol: where its benchmark files are")
+    corpus: str | None = Field(
+        None,
+        min_length=1,
+        description="a corpus collection (hoprl ingest-corpus) every job and evaluation searches instead "
+        "of the dataset's own paragraphs (the open-domain setting)",
+    )
 
     @field_validator("recipe", "protocol")
     @classmethod

@@ -87,12 +87,21 @@ def load_splits(request: JobRequest, hp: Hyperparameters) -> tuple[list[Question
 
 
 def ensure_collection(request: JobRequest, questions: list[Question], settings: TrainerSettings) -> str:
-    """The retriever collection holding the questions' paragraphs (indexed on first use)."""
+    """The collection the job's episodes search: the request's ``collection`` as named (a corpus
+    such as a Wikipedia dump: the open-domain setting; the rewards match gold paragraphs by title,
+    which a corpus passage keeps), else the questions' pooled paragraphs, indexed on first use.
+    Questions without paragraphs (NQ, TriviaQA, PopQA) and no collection: a ValueError naming the fix.
+    """
     if request.collection:
         return request.collection
     if request.recipe in NO_RETRIEVAL:
         return "unused"
     documents = pool(questions)
+    if not documents:
+        raise ValueError(
+            f"the questions of {request.dataset!r} carry no paragraphs to retrieve from (an open-domain "
+            "dataset): ingest a corpus (hoprl ingest-corpus) and name it as the job's collection"
+        )
     name = corpus_collection(Path(request.dataset).stem.replace(":", "-"), documents)
     with RetrieverClient(settings.retriever_url) as client:
         ensure_indexed(client, name, documents)

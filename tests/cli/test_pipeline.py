@@ -18,3 +18,20 @@ def test_the_summary_heads_with_the_em_the_report_scores_then_em_over_all() -> N
     assert lines[2].split() == ["EM", "(as", "the", "report)", "0.000", "0.231", "+0.231"]
     assert lines[3].split() == ["EM", "(all", "questions)", "0.000", "0.150", "+0.150"]
     assert lines[6].split() == ["retrievals", "/", "question", "0.000", "2.000", "+2.000"]
+
+
+def test_pipeline_passes_the_corpus_to_the_flow() -> None:
+    """``hoprl pipeline --corpus C``: the open-domain setting reaches the flow, whose spec keeps it."""
+    import argparse
+    import inspect
+
+    from cli import pipeline as pipeline_cli
+    from flows.pipeline import pipeline
+    from flows.spec import RunSpec
+
+    parser = argparse.ArgumentParser()
+    pipeline_cli.add_arguments(parser)
+    options = pipeline_cli.pipeline_options(parser.parse_args(["--small", "--corpus", "wiki18"]))
+    assert options["corpus"] == "wiki18" and "corpus" in inspect.signature(pipeline.fn).parameters
+    assert "corpus" not in pipeline_cli.pipeline_options(parser.parse_args(["--small"]))
+    assert RunSpec(corpus="wiki18").corpus == "wiki18" and RunSpec().corpus is None
