@@ -27,3 +27,25 @@ def test_refusing_an_unanswerable_question_is_correct(tmp_path: Path) -> None:
     verdicts = judge_answers.fn(str(tmp_path / "p.json"), questions, "http://127.0.0.1:9")
     assert verdicts == [True, False]
     assert [p.refused for p in predictions(rows, verdicts)] == [True, False]
+
+
+def test_the_index_retrieval_counts_on_a_corpus(retriever_url: str) -> None:
+    """A corpus's own ids ("0", "1"): with ``corpus=True`` the gold paragraph is its passage "0"
+    (same title and text), and a 2-passage corpus returns both in the top 2, so by hand Recall@2 =
+    Full-Recall@2 = 1; scored against the paragraph's own id the same search finds nothing."""
+    from flows.evaluate import retrieval_metrics
+    from hoprl.clients.retriever import RetrieverClient
+    from hoprl.domain import Paragraph
+    from hoprl.schemas import Document
+
+    with RetrieverClient(retriever_url) as client:
+        client.ingest("flows-corpus", [
+            Document(id="0", title="Acme Records", text="Acme Records was founded in 1961 by Jane Roe."),
+            Document(id="1", title="Jane Roe", text="Jane Roe was born in Velmora."),
+        ])  # fmt: skip
+    gold = Paragraph(title="Acme Records", text="Acme Records was founded in 1961 by Jane Roe.", is_gold=True)
+    question = Question(id="q", dataset="tiny", split="test", question="Who founded Acme Records?",
+                        answers=["Jane Roe"], paragraphs=[gold])  # fmt: skip
+    found = retrieval_metrics.fn([question], "flows-corpus", retriever_url, corpus=True)
+    assert found["recall@2"] == found["full_recall@2"] == found["recall@10"] == 1.0
+    assert retrieval_metrics.fn([question], "flows-corpus", retriever_url)["recall@10"] == 0.0
