@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,7 @@ import qdrant_edge as qe
 from flows import fanout
 from flows.corpus import ingest_corpus
 from flows.stack import local_process
-from hoprl.data.corpus import gold_ids, pool
+from hoprl.data.corpus import gold_ids, pool, recut
 from hoprl.data.jsonl import load_questions
 from hoprl.domain import Question
 from hoprl.schemas import Document
@@ -64,7 +63,6 @@ from services.retriever.settings import RetrieverSettings
 from services.retriever.sparse import Bm25
 from services.retriever.store import EdgeStore
 
-SENTENCE = re.compile(r"(?<=[.!?])\s+")
 VARIANTS = {
     "float32": CollectionOptions(),
     "int8": CollectionOptions(on_disk=True, quantization="int8", always_ram=True, rescore=True),
@@ -82,19 +80,7 @@ def build_corpus(data: Path, n: int, seed: int) -> tuple[list[Document], list[Qu
     needles = pool(questions)
     if n < len(needles):
         needles = rng.sample(needles, n)
-    sentences = [(d.title, s) for d in needles for s in SENTENCE.split(d.text) if s.strip()]
-    rng.shuffle(sentences)
-    lengths = [max(1, len(SENTENCE.split(d.text))) for d in needles]
-    distractors, at = [], 0
-    for i in range(n - len(needles)):
-        k = rng.choice(lengths)
-        if at + k > len(sentences):
-            rng.shuffle(sentences)
-            at = 0
-        chosen, at = sentences[at : at + k], at + k
-        distractors.append(
-            Document(id=f"distractor-{i}", title=chosen[0][0], text=" ".join(s for _, s in chosen))
-        )
+    distractors = recut(needles, n - len(needles), rng, "distractor-")
     corpus = needles + distractors
     rng.shuffle(corpus)
     ids = {d.id for d in corpus}

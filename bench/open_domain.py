@@ -23,15 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 from pathlib import Path
 
-from hoprl.data.corpus import pool
+from hoprl.data.corpus import pool, recut
 from hoprl.data.jsonl import load_questions, write_questions
 from hoprl.domain import Question
 from hoprl.schemas import Document
-
-SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
 def build(questions: list[Question], n: int, seed: int) -> list[Document]:
@@ -40,17 +37,7 @@ def build(questions: list[Question], n: int, seed: int) -> list[Document]:
     needles = pool(questions)
     if n < len(needles):
         raise ValueError(f"--n {n} is below the {len(needles)} paragraphs of the questions: raise it")
-    sentences = [(d.title, s) for d in needles for s in SENTENCE.split(d.text) if s.strip()]
-    rng.shuffle(sentences)
-    lengths = [max(1, len(SENTENCE.split(d.text))) for d in needles]
-    distractors, at = [], 0
-    for i in range(n - len(needles)):
-        k = rng.choice(lengths)
-        if at + k > len(sentences):
-            rng.shuffle(sentences)
-            at = 0
-        chosen, at = sentences[at : at + k], at + k
-        distractors.append(Document(id=f"d{i}", title=chosen[0][0], text=" ".join(s for _, s in chosen)))
+    distractors = recut(needles, n - len(needles), rng, "d")
     corpus = needles + distractors
     rng.shuffle(corpus)
     return [Document(id=str(i), title=d.title, text=d.text) for i, d in enumerate(corpus)]

@@ -8,6 +8,7 @@ the same paragraph gets the same id in every run and on every machine (idempoten
 from __future__ import annotations
 
 import hashlib
+import random
 import re
 from collections.abc import Iterable, Sequence
 
@@ -78,6 +79,30 @@ def corpus_match(paragraph: Paragraph, candidates: Sequence[Document]) -> tuple[
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+#: where a paragraph splits into sentences (after ., ! or ? and a space)
+SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def recut(needles: Sequence[Document], n: int, rng: random.Random, prefix: str) -> list[Document]:
+    """``n`` distractor passages re-cut from the needles' own sentences: each takes as many
+    sentences as a needle drawn at random has, in shuffled order, under the title of its first
+    sentence (so titles repeat, as a dump's do); ids are ``prefix`` and a number. Real text with the
+    needles' vocabulary and length, but no paragraph a question was written from."""
+    sentences = [(d.title, s) for d in needles for s in SENTENCE.split(d.text) if s.strip()]
+    rng.shuffle(sentences)
+    lengths = [max(1, len(SENTENCE.split(d.text))) for d in needles]
+    distractors, at = [], 0
+    for i in range(n):
+        k = rng.choice(lengths)
+        if at + k > len(sentences):
+            rng.shuffle(sentences)
+            at = 0
+        chosen, at = sentences[at : at + k], at + k
+        text = " ".join(s for _, s in chosen)
+        distractors.append(Document(id=f"{prefix}{i}", title=chosen[0][0], text=text))
+    return distractors
 
 
 def chunk(documents: Iterable[Document], max_words: int = 200, overlap: int = 1) -> list[Document]:

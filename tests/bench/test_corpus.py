@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hoprl.data.corpus import gold_ids, pool
+from hoprl.data.corpus import SENTENCE, gold_ids, pool
 from hoprl.data.jsonl import write_questions
 from hoprl.data.passages import read_passages
 from hoprl.data.synthetic import generate
@@ -29,9 +29,9 @@ def test_needles_then_distractors_from_their_sentences(tmp_path: Path) -> None:
     assert len(ids) == len(set(ids)) == len(needles) + 50
     assert set(needles) <= set(ids)
     distractors = [d for d in corpus if d.id.startswith("distractor-")]
-    sentences = {s for d in needles.values() for s in bench.SENTENCE.split(d.text)}
+    sentences = {s for d in needles.values() for s in SENTENCE.split(d.text)}
     assert len(distractors) == 50
-    assert all(set(bench.SENTENCE.split(d.text)) <= sentences for d in distractors)  # real text, re-cut
+    assert all(set(SENTENCE.split(d.text)) <= sentences for d in distractors)  # real text, re-cut
     assert answerable and all(gold_ids(q) <= set(ids) for q in answerable)
     again, _ = bench.build_corpus(tmp_path, len(needles) + 50, seed=3)
     assert [d.id for d in again] == ids  # seeded
