@@ -272,9 +272,9 @@ def trl_only_loop(request: JobRequest, hp: Hyperparameters) -> str | None:
 
 
 def check_trl_options(request: JobRequest, hp: Hyperparameters) -> None:
-    """422 for a placebo, LoRA, micro-batches or a checkpointing choice on a loop that is not TRL's
+    """409 for a placebo, LoRA, micro-batches or a checkpointing choice on a loop that is not TRL's
     GRPO family (they live there), and for micro-batches that do not divide a process's episodes of
-    a step."""
+    a step: schema-valid requests this trainer cannot run (the schema cannot relate the fields)."""
     asked = [("placebo", "does not permute rewards")] if hp.placebo else []
     if hp.lora_rank is not None:
         asked.append(("lora_rank", "trains every weight"))
@@ -287,14 +287,14 @@ def check_trl_options(request: JobRequest, hp: Hyperparameters) -> None:
         batch = hp.questions_per_step * hp.num_generations // max(hp.processes, 1)
         if hp.micro_batch is not None and batch % min(hp.micro_batch, batch):
             raise ApiError(
-                422, "micro_batch_indivisible",
+                409, "micro_batch_indivisible",
                 f"hyperparameters.micro_batch = {hp.micro_batch} does not divide the {batch} episodes a "
                 "process trains each step (questions_per_step x num_generations / processes)",
             )  # fmt: skip
         return
     field, what = asked[0]
     raise ApiError(
-        422, f"{field}_unsupported",
+        409, f"{field}_unsupported",
         f"hyperparameters.{field}: {loop} {what}; {field} works with grpo, dapo or dr_grpo through TRL "
         "(advantage sequence or per_step)",
     )  # fmt: skip

@@ -226,7 +226,7 @@ def test_one_sample_a_question_is_ppo_only(trainer: httpx.Client) -> None:
 
 def test_the_placebo_and_lora_run_only_in_trls_grpo_family(trainer: httpx.Client) -> None:
     """The placebo permutes rewards and LoRA wraps the policy inside TRL's GRPO family; a loop that
-    cannot is a 422 naming it."""
+    cannot is a 409 naming it (schema-valid, not servable: the schema cannot relate the fields)."""
     for request, loop in [
         ({"recipe": "evo-rag", "objective": "ppo"}, "objective ppo"),
         ({"recipe": "evo-rag", "objective": "grpo"}, "advantage = siblings"),  # EVO-RAG's default loop
@@ -234,19 +234,19 @@ def test_the_placebo_and_lora_run_only_in_trls_grpo_family(trainer: httpx.Client
     ]:
         response = post(trainer, **request, hyperparameters={"placebo": True})
         body = response.json()
-        assert (response.status_code, body["error"]) == (422, "placebo_unsupported"), body
+        assert (response.status_code, body["error"]) == (409, "placebo_unsupported"), body
         assert loop in body["message"]
     assert post(trainer, hyperparameters={"placebo": True}).status_code == 201
     assert post(trainer, recipe="r2ag", hyperparameters={"placebo": False}).status_code == 201
     response = post(trainer, objective="sft", hyperparameters={"lora_rank": 8})
-    assert (response.status_code, response.json()["error"]) == (422, "lora_rank_unsupported")
+    assert (response.status_code, response.json()["error"]) == (409, "lora_rank_unsupported")
     assert "objective sft" in response.json()["message"]
     assert post(trainer, hyperparameters={"lora_rank": 8, "placebo": True}).status_code == 201
     # 2 questions x 4 samples (the cpu preset): passes of 2 or 4 divide them, 3 does not
     cpu = {"preset": "cpu"}
     assert post(trainer, hyperparameters={**cpu, "micro_batch": 2}).status_code == 201
     response = post(trainer, hyperparameters={**cpu, "micro_batch": 3})
-    assert (response.status_code, response.json()["error"]) == (422, "micro_batch_indivisible")
+    assert (response.status_code, response.json()["error"]) == (409, "micro_batch_indivisible")
     assert "the 8 episodes" in response.json()["message"]
 
 
