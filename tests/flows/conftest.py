@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from flows.runs import registry
 from flows.stack import ServiceUrls
 from hoprl.data.synthetic import generate, hops_for
+from hoprl.registry.store import Registry
 from services.judge.app import create_app as create_judge
 from services.judge.settings import JudgeSettings
 from services.local import LocalServer
@@ -43,6 +45,14 @@ def scripts() -> dict[str, list[str]]:
                 f"<reflect>Found it.</reflect>\n<think>Done.</think>\n<answer>{answer}</answer>",
             ]
     return out
+
+
+@pytest.fixture
+def local_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
+    """The flows' registry on a fresh SQLite file, with runs under ``tmp_path / "runs"``."""
+    monkeypatch.setenv("HOPRL_DATABASE_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+    monkeypatch.setenv("HOPRL_RUNS_DIR", str(tmp_path / "runs"))
+    return registry()
 
 
 @pytest.fixture(scope="session")

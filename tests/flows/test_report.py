@@ -17,6 +17,7 @@ from flows.report import accuracy_figure, markdown_table
 from flows.runs import registry
 from hoprl.domain import Question
 from hoprl.registry import Prediction
+from hoprl.registry.store import Registry
 
 # (label, recipe, per-question EM): three evaluations on the same point (EM 0, 1 retrieval)
 EVALUATIONS = [
@@ -28,10 +29,8 @@ EVALUATIONS = [
 
 
 @pytest.fixture
-def run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("HOPRL_DATABASE_URL", f"sqlite:///{tmp_path / 'registry.db'}")
-    monkeypatch.setenv("HOPRL_RUNS_DIR", str(tmp_path / "runs"))
-    reg = registry()
+def run_id(local_registry: Registry) -> Iterator[str]:
+    reg = local_registry
     reg.create_run("report-run", "when-to-search", "grpo", "tiny", {}, 0)
     for label, recipe, ems in EVALUATIONS:
         metrics = {

@@ -19,6 +19,7 @@ from flows.rollouts import headroom_metrics
 from flows.runs import registry
 from flows.training_report import shown_steps, training_figure, training_plot, training_section
 from hoprl.domain import Episode
+from hoprl.registry.store import Registry
 
 #: make run's shape of a run: 24 SFT steps (loss 1.33 -> 0.04), the headroom at step 0, one RL step
 SFT_LOSS = [1.33 - i * (1.29 / 23) for i in range(24)]
@@ -34,10 +35,8 @@ HEADROOM = {"headroom/pass@1": 0.25, "headroom/pass@k": 0.5, "headroom/k": 4.0, 
 
 
 @pytest.fixture
-def run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("HOPRL_DATABASE_URL", f"sqlite:///{tmp_path / 'registry.db'}")
-    monkeypatch.setenv("HOPRL_RUNS_DIR", str(tmp_path / "runs"))
-    reg = registry()
+def run_id(local_registry: Registry) -> Iterator[str]:
+    reg = local_registry
     reg.create_run("signals", "when-to-search", "dapo", "tiny", {}, 0)
     for step, loss in enumerate(SFT_LOSS, start=1):
         reg.log_metrics("signals", step, {"sft/loss": loss})
