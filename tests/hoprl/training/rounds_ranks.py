@@ -63,6 +63,10 @@ def main(model: str, out: str) -> None:
     result = {"rank": rank, "rounds": engine.rounds_decoded, "wrong": wrong, "answers": answers}
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(result, f)
+    # Leave together and take the process group down before the interpreter exits: a rank that
+    # exits while gloo's threads still run aborts ("terminate called without an active exception").
+    state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 if __name__ == "__main__":
