@@ -30,6 +30,15 @@ machine's float32 matmul rate measured in the same process. Variants:
 ``lora16-micro2``        LoRA in passes of 2
 ``lora16-micro2-nogc``   LoRA in passes of 2 without gradient checkpointing
 ``lora16-micro1-nogc``   LoRA in passes of 1 without gradient checkpointing
+``...-bf16``             any of the above under bf16 autocast (fp32 master weights;
+                         ``HOPRL_BF16=1`` in the variant's process), e.g. ``full-bf16``,
+                         ``lora16-micro1-bf16``: ``python bench/precision.py`` measured a
+                         forward + backward 2.2-2.5x faster under autocast on a CPU with AVX512-BF16
+                         and no AMX, where the trainer's detection leaves it off
+``...-fp32``             the same with autocast forced off (``HOPRL_BF16=0``)
+
+Each variant's arithmetic bound uses the float32 matmul rate; a bf16 variant's ``of_bound`` below 1
+is the bf16 matmuls beating it.
 """
 
 from __future__ import annotations
@@ -56,7 +65,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lora16-micro2": {"lora_rank": 16, "micro_batch": 2},
     "lora16-micro2-nogc": {"lora_rank": 16, "micro_batch": 2, "gradient_checkpointing": False},
     "lora16-micro1-nogc": {"lora_rank": 16, "micro_batch": 1, "gradient_checkpointing": False},
+    "lora16-micro1": {"lora_rank": 16, "micro_batch": 1},
 }
+#: a variant name's precision suffix: HOPRL_BF16 in its process (bf16 autocast on or off)
+PRECISIONS = {"-bf16": "1", "-fp32": "0"}
+
+
+def split_variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A variant name's hyperparameters and its process's environment (``full-bf16`` is ``full``
+    under ``HOPRL_BF16=1``); SystemExit for a name that is none."""
+    env: dict[str, str] = {}
+    for suffix, flag in PRECISIONS.items():
+        if name.endswith(suffix):
+            name, env = name[: -len(suffix)], {"HOPRL_BF16": flag}
+    if name not in VARIANTS:
+        known = ", ".join(VARIANTS)
+        raise SystemExit(f"unknown variant {name!r}; one of {known}, each optionally with -bf16 or -fp32")
+    return VARIANTS[name], env
 
 
 def matmul_flops(threads: int, size: int = 1024, seconds: float = 2.0) -> float:
@@ -136,7 +161,8 @@ def run_variant(name: str, model: str, rows_file: Path, steps: int, out: Path) -
     from hoprl.training.lora import lora_config
 
     rows = json.loads(rows_file.read_text())
-    hp = resolve(Hyperparameters(preset="cpu", save_steps=steps, **VARIANTS[name]), "when-to-search", "dapo")
+    options, _ = split_variant(name)
+    hp = resolve(Hyperparameters(preset="cpu", save_steps=steps, **options), "when-to-search", "dapo")
     config = grpo_config(hp, "dapo", steps=steps, output_dir=str(out / name), seed=0)
     policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     total = sum(p.numel() for p in policy.parameters())
@@ -185,6 +211,7 @@ def run_variant(name: str, model: str, rows_file: Path, steps: int, out: Path) -
         "step_tflop": round(flops / 1e12, 2), "matmul_gflops": round(rate / 1e9, 1),
         "bound_s": round(flops / rate, 2), "of_bound": round(step_s / (flops / rate), 2),
         "threads": torch.get_num_threads(), "gradient_checkpointing": bool(config.gradient_checkpointing),
+        "bf16": bool(config.bf16),
     }  # fmt: skip
 
 
@@ -217,11 +244,10 @@ def main() -> None:
         rows = expert_rows(model, work, args.seed)
         (work / "rows.json").write_text(json.dumps(rows))
         for name in args.variants.split(","):
-            if name not in VARIANTS:
-                raise SystemExit(f"unknown variant {name!r}; one of {', '.join(VARIANTS)}")
+            _, precision = split_variant(name)
             command = [sys.executable, __file__, "--variant", name, "--model", model, "--rows",
                        str(work / "rows.json"), "--steps", str(args.steps), "--work", str(work)]  # fmt: skip
-            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            env = {**os.environ, "PYTHONPATH": str(ROOT), **precision}
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
