@@ -67,6 +67,7 @@ from hoprl.domain import Episode, Question
 from hoprl.jobspec import reward_scaling
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.hardware import common_args, per_process
+from hoprl.training.policy_head import policy_token_logps, score_compactly
 from hoprl.training.rollout import AgentRollout
 from hoprl.training.signals import WarmStartKL, replace_completion_metrics, warm_start_kl
 
@@ -180,8 +181,10 @@ class HoprlGRPOTrainer(GRPOTrainer):
         self.kl_estimator, self.advantage, self.step_rewards = kl_estimator, advantage, step_rewards
         self.placebo = placebo
         self._policy_logps: torch.Tensor | None = None
+        self._score_mask: torch.Tensor | None = None  # the loss's policy tokens, while it runs
         self.preference: Any = None  # EVO-RAG's PreferenceLearner, set by the job (services.trainer.jobs)
         super().__init__(*args, **kwargs)
+        score_compactly()  # the fused LM head scores labelled positions only (hoprl.training.policy_head)
         self.warm_start = warm_start
         if warm_start is not None:
             warm_start.prepare(self)
@@ -225,13 +228,42 @@ class HoprlGRPOTrainer(GRPOTrainer):
                 self._metrics[mode][name].append(value)
         return loss
 
-    def _get_per_token_logps_and_entropies(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        if kwargs.get("compute_entropy"):  # the policy's own forward pass inside the loss
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **media: Any,
+    ) -> Any:
+        if self._score_mask is not None and not compute_aux_loss and all(v is None for v in media.values()):
+            # inside the loss, a text model: the policy's tokens only (hoprl.training.policy_head)
+            logps, entropies = policy_token_logps(
+                model, input_ids, attention_mask, logits_to_keep, self._score_mask, batch_size,
+                compute_entropy, self.accelerator.autocast,
+            )  # fmt: skip
+            out = (logps, entropies, None)
+        else:
+            out = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **media,
+            )  # fmt: skip
+        if compute_entropy:  # the policy's own forward pass inside the loss
             self._policy_logps = out[0]
         return out
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        # the loss reads completion_mask * tool_mask positions only: score just those
+        self._score_mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else None
+        try:
+            return self._masked_loss(model, inputs)
+        finally:
+            self._score_mask = None
+
+    def _masked_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         if self.kl_estimator == "k3" or self.beta == 0.0:
             return super()._compute_loss(model, inputs)
         beta, self.beta = self.beta, 0.0

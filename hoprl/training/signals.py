@@ -40,6 +40,7 @@ import torch
 from trl.trainer.utils import add_fused_lm_head
 
 from hoprl.domain import Episode
+from hoprl.training.policy_head import policy_token_logps
 
 #: outcomes a limit of the episode's shape decided: TRL's "clipped" for an agent episode
 LIMIT_OUTCOMES = ("token_budget", "step_cap")
@@ -139,8 +140,11 @@ class WarmStartKL:
         prompt, completion = inputs["prompt_ids"][rows], inputs["completion_ids"][rows]
         ids = torch.cat([prompt, completion], dim=1)
         attention = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            self.frozen, ids, attention, completion.size(1)
+        scored = inputs["completion_mask"][rows]
+        if "tool_mask" in inputs:  # the policy's tokens only, as the loss (hoprl.training.policy_head)
+            scored = scored * inputs["tool_mask"][rows]
+        logps, _ = policy_token_logps(
+            self.frozen, ids, attention, completion.size(1), scored, autocast=trainer.accelerator.autocast
         )
         return logps
 
