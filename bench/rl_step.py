@@ -36,6 +36,9 @@ machine's float32 matmul rate measured in the same process. Variants:
                          forward + backward 2.2-2.5x faster under autocast on a CPU with AVX512-BF16
                          and no AMX, where the trainer's detection leaves it off
 ``...-fp32``             the same with autocast forced off (``HOPRL_BF16=0``)
+``...-trlhead``          the loss's log-probs as TRL computes them, at every position of the
+                         sequence (the trainer's ``policy_tokens_only`` off): the step before
+                         :mod:`hoprl.training.policy_head`
 
 Each variant's arithmetic bound uses the float32 matmul rate; a bf16 variant's ``of_bound`` below 1
 is the bf16 matmuls beating it.
@@ -57,6 +60,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: set in a variant's process: the trainer computes the loss's log-probs as TRL does
+TRL_HEAD = "HOPRL_BENCH_TRL_HEAD"
 VARIANTS: dict[str, dict[str, Any]] = {
     "full": {},
     "micro2": {"micro_batch": 2},
@@ -67,20 +72,25 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lora16-micro1-nogc": {"lora_rank": 16, "micro_batch": 1, "gradient_checkpointing": False},
     "lora16-micro1": {"lora_rank": 16, "micro_batch": 1},
 }
-#: a variant name's precision suffix: HOPRL_BF16 in its process (bf16 autocast on or off)
-PRECISIONS = {"-bf16": "1", "-fp32": "0"}
+#: a variant name's suffixes: the environment of its process (bf16 autocast on or off; TRL's head)
+SUFFIXES = {"-bf16": ("HOPRL_BF16", "1"), "-fp32": ("HOPRL_BF16", "0"), "-trlhead": (TRL_HEAD, "1")}
 
 
 def split_variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
     """A variant name's hyperparameters and its process's environment (``full-bf16`` is ``full``
     under ``HOPRL_BF16=1``); SystemExit for a name that is none."""
     env: dict[str, str] = {}
-    for suffix, flag in PRECISIONS.items():
-        if name.endswith(suffix):
-            name, env = name[: -len(suffix)], {"HOPRL_BF16": flag}
+    found = True
+    while found:
+        found = False
+        for suffix, (key, value) in SUFFIXES.items():
+            if name.endswith(suffix):
+                name, env, found = name[: -len(suffix)], {key: value, **env}, True
     if name not in VARIANTS:
         known = ", ".join(VARIANTS)
-        raise SystemExit(f"unknown variant {name!r}; one of {known}, each optionally with -bf16 or -fp32")
+        raise SystemExit(
+            f"unknown variant {name!r}; one of {known}, each optionally with -bf16 or -fp32 and -trlhead"
+        )
     return VARIANTS[name], env
 
 
@@ -161,6 +171,7 @@ def run_variant(name: str, model: str, rows_file: Path, steps: int, out: Path) -
     from hoprl.training.lora import lora_config
 
     rows = json.loads(rows_file.read_text())
+    HoprlGRPOTrainer.policy_tokens_only = os.environ.get(TRL_HEAD) != "1"
     options, _ = split_variant(name)
     hp = resolve(Hyperparameters(preset="cpu", save_steps=steps, **options), "when-to-search", "dapo")
     config = grpo_config(hp, "dapo", steps=steps, output_dir=str(out / name), seed=0)
@@ -211,7 +222,7 @@ def run_variant(name: str, model: str, rows_file: Path, steps: int, out: Path) -
         "step_tflop": round(flops / 1e12, 2), "matmul_gflops": round(rate / 1e9, 1),
         "bound_s": round(flops / rate, 2), "of_bound": round(step_s / (flops / rate), 2),
         "threads": torch.get_num_threads(), "gradient_checkpointing": bool(config.gradient_checkpointing),
-        "bf16": bool(config.bf16),
+        "bf16": bool(config.bf16), "policy_tokens_only": HoprlGRPOTrainer.policy_tokens_only,
     }  # fmt: skip
 
 

@@ -162,6 +162,10 @@ class HoprlGRPOTrainer(GRPOTrainer):
         warm_start: measures the KL to the starting weights at ``beta == 0`` (``warm_start_kl/*``).
     """
 
+    #: the loss's log-probs at the policy's tokens only (:mod:`hoprl.training.policy_head`); False
+    #: keeps TRL's every-position computation (``bench/rl_step.py``'s before/after)
+    policy_tokens_only = True
+
     def __init__(
         self,
         *args: Any,
@@ -184,7 +188,8 @@ class HoprlGRPOTrainer(GRPOTrainer):
         self._score_mask: torch.Tensor | None = None  # the loss's policy tokens, while it runs
         self.preference: Any = None  # EVO-RAG's PreferenceLearner, set by the job (services.trainer.jobs)
         super().__init__(*args, **kwargs)
-        score_compactly()  # the fused LM head scores labelled positions only (hoprl.training.policy_head)
+        if self.policy_tokens_only:
+            score_compactly()  # the fused LM head scores labelled positions only (hoprl.training.policy_head)
         self.warm_start = warm_start
         if warm_start is not None:
             warm_start.prepare(self)
@@ -257,7 +262,8 @@ class HoprlGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         # the loss reads completion_mask * tool_mask positions only: score just those
-        self._score_mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else None
+        if self.policy_tokens_only and "tool_mask" in inputs:
+            self._score_mask = inputs["completion_mask"] * inputs["tool_mask"]
         try:
             return self._masked_loss(model, inputs)
         finally:

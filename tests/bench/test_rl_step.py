@@ -18,6 +18,10 @@ def test_a_precision_suffix_sets_autocast_in_the_variants_process_only() -> None
     )
 
 
+def test_suffixes_combine() -> None:
+    assert bench.split_variant("full-bf16-trlhead") == ({}, {"HOPRL_BF16": "1", bench.TRL_HEAD: "1"})
+
+
 def test_an_unknown_variant_names_the_known_ones() -> None:
     with pytest.raises(SystemExit, match="unknown variant 'lora8'; one of full, micro2"):
         bench.split_variant("lora8-bf16")
