@@ -67,7 +67,7 @@ from hoprl.domain import Episode, Question
 from hoprl.jobspec import reward_scaling
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.hardware import common_args, per_process
-from hoprl.training.policy_head import policy_token_logps, score_compactly
+from hoprl.training.policy_head import loss_mask, policy_token_logps, score_compactly
 from hoprl.training.rollout import AgentRollout
 from hoprl.training.signals import WarmStartKL, replace_completion_metrics, warm_start_kl
 
@@ -199,7 +199,7 @@ class HoprlGRPOTrainer(GRPOTrainer):
         agent: Any = self.rollout_func  # an AgentRollout: TRL's completion metrics from its episodes
         policy: Any = self.model
         metrics = self._metrics["train" if policy.training else "eval"]
-        policy_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        policy_mask = loss_mask(output)
         if getattr(agent, "last_episodes", None) is not None:  # token rows without episodes keep TRL's
             replace_completion_metrics(metrics, agent.last_episodes, policy_mask, self.accelerator.gather)
         if self.advantage == "per_step" and self.step_rewards is not None:
@@ -209,8 +209,9 @@ class HoprlGRPOTrainer(GRPOTrainer):
             if self.placebo:
                 rewards = [rewards[i] for i in self.placebo_rows(len(rewards))]
             per_step = step_advantages(rewards, int(self.num_generations or 1), self.scale_rewards)
-            mask = output["completion_mask"] * output.get("tool_mask", 1)
-            output["advantages"] = token_advantages(per_step, episodes, mask).to(output["advantages"].dtype)
+            output["advantages"] = token_advantages(per_step, episodes, policy_mask).to(
+                output["advantages"].dtype
+            )
         return output
 
     def placebo_rows(self, n: int) -> list[int]:
@@ -263,7 +264,7 @@ class HoprlGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         # the loss reads completion_mask * tool_mask positions only: score just those
         if self.policy_tokens_only and "tool_mask" in inputs:
-            self._score_mask = inputs["completion_mask"] * inputs["tool_mask"]
+            self._score_mask = loss_mask(inputs)
         try:
             return self._masked_loss(model, inputs)
         finally:
@@ -278,10 +279,7 @@ class HoprlGRPOTrainer(GRPOTrainer):
         finally:
             self.beta = beta
         assert self._policy_logps is not None, "TRL computed no policy log-probs in the loss"
-        mask = inputs["completion_mask"]
-        if "tool_mask" in inputs:
-            mask = mask * inputs["tool_mask"]
-        kl = masked_sequence_mean(k2_kl(self._policy_logps, inputs["ref_per_token_logps"]), mask)
+        kl = masked_sequence_mean(k2_kl(self._policy_logps, inputs["ref_per_token_logps"]), loss_mask(inputs))
         mode = "train" if model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         self._metrics[mode]["kl"].append(self.accelerator.gather(kl.detach()).nanmean().item())

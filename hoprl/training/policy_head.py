@@ -54,6 +54,13 @@ def score_compactly() -> bool:
     return True
 
 
+def loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+    """The positions TRL's loss reads: ``completion_mask``, times ``tool_mask`` where the batch has
+    one (0 on retrieved text)."""
+    mask: torch.Tensor = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
+
+
 def policy_labels(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, score_mask: torch.Tensor
 ) -> torch.Tensor:

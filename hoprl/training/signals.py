@@ -40,7 +40,7 @@ import torch
 from trl.trainer.utils import add_fused_lm_head
 
 from hoprl.domain import Episode
-from hoprl.training.policy_head import policy_token_logps
+from hoprl.training.policy_head import loss_mask, policy_token_logps
 
 #: outcomes a limit of the episode's shape decided: TRL's "clipped" for an agent episode
 LIMIT_OUTCOMES = ("token_budget", "step_cap")
@@ -140,9 +140,7 @@ class WarmStartKL:
         prompt, completion = inputs["prompt_ids"][rows], inputs["completion_ids"][rows]
         ids = torch.cat([prompt, completion], dim=1)
         attention = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
-        scored = inputs["completion_mask"][rows]
-        if "tool_mask" in inputs:  # the policy's tokens only, as the loss (hoprl.training.policy_head)
-            scored = scored * inputs["tool_mask"][rows]
+        scored = loss_mask(inputs)[rows]  # the policy's tokens only, as the loss
         logps, _ = policy_token_logps(
             self.frozen, ids, attention, completion.size(1), scored, autocast=trainer.accelerator.autocast
         )
@@ -162,10 +160,7 @@ def warm_start_kl(
         start = time.perf_counter()
         reference = measure.reference_logps(trainer, inputs)
         seconds, rows = time.perf_counter() - start, reference.size(0)
-    mask = inputs["completion_mask"]
-    if "tool_mask" in inputs:
-        mask = mask * inputs["tool_mask"]
-    mask = mask[:rows]
+    mask = loss_mask(inputs)[:rows]
     sums = kl_sums(policy_logps[:rows].detach(), reference, mask)
     totals = trainer.accelerator.reduce(torch.tensor(sums, device=mask.device), reduction="sum")
     k1, k3, tokens = totals.tolist()
