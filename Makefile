@@ -26,11 +26,12 @@ export PREFECT_MEMO_STORE_PATH ?= $(PREFECT_HOME)/memo_store.toml
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run demo-long ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
+.PHONY: venv run demo-long demo-rl ui pipeline eval-retrieval test fuzz lint bench openapi services up clean help check-gpu-extra
 
 help:
 	@echo "make run      the whole pipeline on DATASET=$(DATASET): index, baselines, SFT, DAPO, final eval (~13-15 min)"
 	@echo "make demo-long  make run with 6 RL steps and 40 test questions: does RL add to SFT? (~35 min)"
+	@echo "make demo-rl  RL against a placebo from make run's warm start, 300 test questions: does RL beat SFT? (~90 min)"
 	@echo "make ui       Prefect UI on http://127.0.0.1:4200 + worker + deployments; \`make run\` reports there"
 	@echo "make eval-retrieval  Recall/Full-Recall/mAP of dense, BM25 and hybrid on DATA=$(DATA)"
 	@echo "make test     the test suite (starts PostgreSQL/Redis if installed and stopped)"
@@ -86,6 +87,18 @@ DEMO_LONG_FROM ?=
 demo-long: venv
 	$(BIN)/hoprl pipeline --dataset $(DATASET) $(DEMO_LONG_ARGS) \
 		$(if $(DEMO_LONG_FROM),--model $(DEMO_LONG_FROM) --sft-steps 0,--sft-steps 24)
+
+# RL against a placebo (docs/training.md, "make demo-rl"): make run's warm start (24 SFT steps) on
+# DATASET with its test split grown to 300 questions, then DEMO_RL_STEPS DAPO steps of 16 episodes
+# with the real rewards and as many with each step's rewards permuted (the placebo), the three
+# models evaluated on the same 300 test questions; the verdict is each arm against the warm start
+# (paired bootstrap). DEMO_RL_FROM=<an SFT checkpoint folder of a make run> starts from that warm start.
+DEMO_RL_STEPS ?= 10
+DEMO_RL_FROM ?=
+DEMO_RL_ARGS ?=
+demo-rl: venv
+	$(BIN)/hoprl demo-rl --dataset $(DATASET) --steps $(DEMO_RL_STEPS) \
+		$(if $(DEMO_RL_FROM),--from $(DEMO_RL_FROM)) $(DEMO_RL_ARGS)
 
 # A local Prefect server (UI and API on 127.0.0.1:4200, state in .hoprl/prefect, analytics off),
 # the deployment pipeline/pipeline and a worker of the `hoprl` pool, until Ctrl-C; `make run` in

@@ -408,6 +408,19 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cli.add_arguments(pipe)
     pipe.set_defaults(func=pipeline_cli.main)
 
+    from cli import demo_rl as demo_rl_cli
+
+    demo = sub.add_parser(
+        "demo-rl",
+        help="RL over a warm start against a placebo: does RL beat its warm start? (make demo-rl)",
+        description="Run the Prefect `demo_rl` flow: a warm start (SFT, or --from a checkpoint), "
+        "RL with the real rewards and the same RL with rewards permuted across each batch (the "
+        "placebo), the three evaluated on the same test questions, and the paired bootstrap of "
+        "each arm against the warm start. Re-run with --run-id to resume.",
+    )
+    demo_rl_cli.add_arguments(demo)
+    demo.set_defaults(func=demo_rl_cli.main)
+
     from cli import train as train_cli
 
     train = sub.add_parser(

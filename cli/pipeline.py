@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 LOCAL_API_URL = "http://127.0.0.1:4200/api"  # `make ui` (flows/ui.py) serves here
@@ -34,6 +36,27 @@ def prefect_api(local: str = LOCAL_API_URL) -> str | None:
 
 
 EPHEMERAL_STARTUP_TIMEOUT_S = 180
+
+
+@contextmanager
+def prefect_settings() -> Iterator[str | None]:
+    """The Prefect settings a flow started from the command line runs under; yields the API URL
+    (:func:`prefect_api`; None: Prefect's ephemeral API)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    api = prefect_api()
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    # Without a Prefect server the run starts an ephemeral one; Prefect gives it 20 s, which a
+    # loaded 2-core machine missed ("Timed out while attempting to connect to ephemeral Prefect
+    # API server" after 47 s of `make run`). A value the user sets wins.
+    startup = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+    timeout = int(os.environ.get(startup.name) or EPHEMERAL_STARTUP_TIMEOUT_S)
+    with temporary_settings({PREFECT_API_URL: api, startup: timeout}):
+        yield api
 
 
 def run_pipeline(
@@ -51,22 +74,9 @@ def run_pipeline(
     ``segments``, ``eval_limit``, ``dev_limit``, ``baselines``, ``seed``, ``hyperparameters``,
     ``recipe_config``, ``preset``). ``objective`` None is the recipe's paper objective.
     """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    api = prefect_api()
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
-
     from flows.pipeline import pipeline
 
-    # Without a Prefect server the run starts an ephemeral one; Prefect gives it 20 s, which a
-    # loaded 2-core machine missed ("Timed out while attempting to connect to ephemeral Prefect
-    # API server" after 47 s of `make run`). A value the user sets wins.
-    startup = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-    timeout = int(os.environ.get(startup.name) or EPHEMERAL_STARTUP_TIMEOUT_S)
-    with temporary_settings({PREFECT_API_URL: api, startup: timeout}):
+    with prefect_settings() as api:
         summary = pipeline(
             recipe=recipe,
             objective=objective,
@@ -135,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "hyperparameters feed the run; the options given here win",
     )
     parser.add_argument(
-        "--dataset", default=None, help="synthetic[:SEED[:MAX_HOPS]], a JSONL path, or a hub name"
+        "--dataset", default=None, help="synthetic[:SEED[:MAX_HOPS[:TEST]]], a JSONL path, or a hub name"
     )
     parser.add_argument("--recipe", default=None, help=f"default {DEFAULTS['recipe']}")
     parser.add_argument(

@@ -89,8 +89,10 @@ def answer_questions(
     shape: EpisodeShape | None = None,
     recipe_config: dict[str, Any] | None = None,
     corpus: bool = False,
+    concurrency: int = 4,
 ) -> dict[str, Any]:
-    """Ask the policy every question; write the per-question rows to ``out``, return the summary.
+    """Ask the policy every question (``concurrency`` in flight); write the per-question rows to
+    ``out``, return the summary.
     ``protocol``: ask as that paper's evaluation does (its episode, decoding, generation step);
     else ``shape``: answer in that episode (a run's own, greedy); else in the service's."""
     dataset = questions[0].dataset if questions else None
@@ -101,7 +103,7 @@ def answer_questions(
     )
     report = evaluate_answers(
         policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings,
-        corpus=corpus,
+        corpus=corpus, concurrency=concurrency,
     )  # fmt: skip
     report["model"] = next((r["model"] for r in report["predictions"] if r.get("model")), None)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -242,6 +244,7 @@ def evaluate(
     shape: EpisodeShape | None = None,
     recipe_config: dict[str, Any] | None = None,
     corpus: bool = False,
+    concurrency: int = 4,
 ) -> dict[str, Any]:
     """Evaluate the policy as served now on ``questions_path[:limit]`` and publish the run's report.
 
@@ -259,6 +262,8 @@ def evaluate(
             pipeline's: the config its jobs train with, so the model is asked as it was trained).
         corpus: ``collection`` is a corpus (the open-domain setting): gold paragraphs are found in
             it by title and text.
+        concurrency: ``/v1/answer`` requests in flight (the policy batches them; its
+            ``POLICY_MAX_BATCH``, 16 by default, is the most it runs at once).
 
     Returns ``{"evaluation_id", "metrics", "report"}`` (``report``: the report's path).
     """
@@ -277,6 +282,7 @@ def evaluate(
         shape,
         recipe_config,
         corpus,
+        concurrency,
     )
     verdicts = judge_answers(str(out), questions, judge_url)
     retrieval = retrieval_metrics(questions, collection, retriever_url, corpus)

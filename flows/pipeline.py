@@ -169,9 +169,11 @@ def evaluate_checkpoint(
     shape: EpisodeShape,
     recipe_config: dict[str, Any],
     corpus: bool = False,
+    concurrency: int = 4,
 ) -> dict[str, Any]:
     """Serve ``checkpoint`` and evaluate it on the test split as ``label`` (once per run), in ``shape``
-    (``corpus``: ``collection`` is a corpus, the open-domain setting)."""
+    (``corpus``: ``collection`` is a corpus, the open-domain setting; ``concurrency``: requests in
+    flight, :func:`flows.evaluate.evaluate`)."""
 
     def run() -> dict[str, Any]:
         serve_checkpoint(urls.policy, checkpoint["path"])
@@ -190,6 +192,7 @@ def evaluate_checkpoint(
             shape=shape,
             recipe_config=recipe_config,
             corpus=corpus,
+            concurrency=concurrency,
         )
 
     return once(run_id, f"eval/{label}", run, "evaluation_id")
@@ -251,7 +254,7 @@ def pipeline(
         objective: grpo, dapo, dr_grpo (RL segments; the warm start is always SFT); None = the
             recipe's paper objective (dapo for r2ag and when-to-search, else grpo).
         model: HF id or folder; None = the bundled SmolLM2-135M-Instruct.
-        dataset: ``synthetic[:SEED[:MAX_HOPS]]``, a common-schema JSONL path, or a hub name.
+        dataset: ``synthetic[:SEED[:MAX_HOPS[:TEST]]]``, a common-schema JSONL path, or a hub name.
         steps: RL optimizer steps in all; ``segments`` jobs of ``steps / segments`` each.
         run_id: the registry run; the same id again resumes it. Default: a new id.
         sft_steps: SFT warm-start steps (0: start RL from ``model``).

@@ -29,7 +29,7 @@ class RunSpec(BaseModel):
     )
     model: str | None = Field(None, description="HF id or folder; unset: the bundled SmolLM2-135M-Instruct")
     dataset: str = Field(
-        "synthetic", min_length=1, description="synthetic[:SEED[:MAX_HOPS]], a JSONL path, a hub name"
+        "synthetic", min_length=1, description="synthetic[:SEED[:MAX_HOPS[:TEST]]], a JSONL path, a hub name"
     )
     steps: int = Field(200, ge=0, description="RL optimizer steps in all")
     sft_steps: int = Field(20, ge=0, description="SFT warm-start steps (0: RL starts from the model)")

@@ -15,8 +15,10 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
     """Load questions from ``spec``.
 
     - a path to a common-schema JSONL file (e.g. ``../shared/data/hotpotqa_dev.jsonl``), read in place;
-    - ``synthetic`` (optionally ``synthetic:SEED`` or ``synthetic:SEED:MAX_HOPS``): the generated
-      multi-hop world, split ``split`` (``synthetic:0:2``: two-hop questions only);
+    - ``synthetic`` (optionally ``synthetic:SEED``, ``synthetic:SEED:MAX_HOPS`` or
+      ``synthetic:SEED:MAX_HOPS:TEST``): the generated multi-hop world, split ``split``
+      (``synthetic:0:2``: two-hop questions only; ``synthetic:0:2:300``: the same world and
+      questions with a test split of 300, :func:`synthetic_split`);
     - a hub name (``hotpotqa``, ``2wiki``, ``musique``, ``bamboogle``, ``nq``, ``triviaqa``, ``popqa``);
     - ``paper:<recipe>``: the training set the recipe's paper builds (``configs/<recipe>.yaml``,
       :mod:`hoprl.data.mixtures`) from the hub, split ``train`` or ``dev``; ``paper:<recipe>:<folder>``
@@ -32,14 +34,7 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
             raise DataError(f"{spec!r} has the splits {', '.join(splits)}, not {split!r}")
         return list(splits[split][:limit] if limit is not None else splits[split])
     if spec.split(":")[0] == "synthetic":
-        from hoprl.data.synthetic import generate
-
-        parts = spec.split(":")
-        if len(parts) > 3 or not all(p.isdigit() for p in parts[1:]):
-            raise DataError(f"{spec!r}: write synthetic, synthetic:SEED or synthetic:SEED:MAX_HOPS")
-        world_seed = int(parts[1]) if len(parts) > 1 else seed
-        max_hops = int(parts[2]) if len(parts) > 2 else None
-        questions: list[Question] = list(generate(seed=world_seed, max_hops=max_hops)[split])
+        questions = synthetic_split(spec, split, seed)
         return questions[:limit] if limit is not None else questions
     if spec in HUB:
         return load_hub(spec, split, limit)
@@ -47,3 +42,35 @@ def load(spec: str, split: str = "dev", limit: int | None = None, seed: int = 0)
         f"{spec!r} is neither a file, 'synthetic', 'paper:<recipe>', nor a hub dataset ({', '.join(HUB)}); "
         "benchmark samples are in ../shared/data"
     )
+
+
+#: the synthetic world's test split without a TEST field (hoprl.data.synthetic.generate's n_test)
+SYNTHETIC_TEST = 150
+
+
+def synthetic_split(spec: str, split: str, seed: int = 0) -> list[Question]:
+    """``split`` of ``synthetic[:SEED[:MAX_HOPS[:TEST]]]`` (SEED defaults to ``seed``).
+
+    TEST sets the test split's size alone: above :data:`SYNTHETIC_TEST` the extra questions are
+    drawn after all the others (``generate(extra_test=...)``), below it the test split is cut, so
+    every split keeps the questions of the spec without TEST, and train and dev do not change.
+    """
+    from hoprl.data.synthetic import generate
+
+    parts = spec.split(":")
+    if len(parts) > 4 or not all(p.isdigit() for p in parts[1:]):
+        raise DataError(
+            f"{spec!r}: write synthetic, synthetic:SEED, synthetic:SEED:MAX_HOPS or "
+            "synthetic:SEED:MAX_HOPS:TEST"
+        )
+    world_seed = int(parts[1]) if len(parts) > 1 else seed
+    max_hops = int(parts[2]) if len(parts) > 2 else None
+    test = int(parts[3]) if len(parts) > 3 else SYNTHETIC_TEST
+    if test < 1:
+        raise DataError(f"{spec!r}: the test split needs at least one question")
+    try:
+        splits = generate(seed=world_seed, max_hops=max_hops, extra_test=max(0, test - SYNTHETIC_TEST))
+    except ValueError as exc:  # max_hops below 2, a world too small for the extra test questions
+        raise DataError(f"{spec!r}: {exc}") from None
+    questions: list[Question] = list(splits[split])
+    return questions[:test] if split == "test" else questions

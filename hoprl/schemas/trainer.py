@@ -277,7 +277,7 @@ class JobRequest(BaseModel):
         None, description="HF id or checkpoint folder; unset = the default model"
     )
     dataset: str = Field(
-        "synthetic", description="a JSONL path, 'synthetic[:SEED[:MAX_HOPS]]', or a hub name"
+        "synthetic", description="a JSONL path, 'synthetic[:SEED[:MAX_HOPS[:TEST]]]', or a hub name"
     )
     collection: CollectionName | None = Field(
         None, description="retriever collection; unset = index the dataset's paragraphs"

@@ -3,7 +3,7 @@
 ``POST /v1/jobs`` names files on the trainer's machine (``dataset``, ``model``, ``resume_from``), and
 the job runs with the service's rights. :func:`admit` checks a request before it is queued:
 
-- **datasets**: ``synthetic[:SEED[:MAX_HOPS]]``, a hub name (``hotpotqa``, ...), ``paper:<recipe>``
+- **datasets**: ``synthetic[:SEED[:MAX_HOPS[:TEST]]]``, a hub name (``hotpotqa``, ...), ``paper:<recipe>``
   (a paper's training set from the hub), or a JSONL file that resolves (symlinks and ``..``
   followed) inside ``TRAINER_DATA_ROOTS`` or the runs folders;
 - **models and checkpoints**: a job id (its latest checkpoint), a Hugging Face id ``org/name``, or a
@@ -96,7 +96,7 @@ def admit_dataset(value: str, settings: TrainerSettings) -> str:
         raise ApiError(
             404,
             "unknown_dataset",
-            f"dataset {_shown(value)} is neither synthetic[:SEED[:MAX_HOPS]], paper:<recipe>, a hub "
+            f"dataset {_shown(value)} is neither synthetic[:SEED[:MAX_HOPS[:TEST]]], paper:<recipe>, a hub "
             f"dataset ({', '.join(HUB)}), nor a JSONL file path",
         )
     path = confine(value, settings.dataset_roots, "dataset", "TRAINER_DATA_ROOTS")

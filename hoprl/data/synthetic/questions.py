@@ -161,6 +161,10 @@ class WorldTooSmall(ValueError):
     """The world holds too few distinct questions of a kind for the splits asked for."""
 
 
+class ExtrasTooMany(WorldTooSmall):
+    """The world of the splits holds too few distinct questions for the extra test questions asked for."""
+
+
 def _draft(world: World, rng: random.Random, kind: str, answerable: bool, seen: set[str]) -> _Draft:
     for _ in range(2_000):
         if kind == "comparison":
@@ -189,6 +193,7 @@ def generate(
     n_test: int = 150,
     unanswerable_share: float = 0.15,
     max_hops: int | None = None,
+    extra_test: int = 0,
 ) -> dict[str, list[SyntheticQuestion]]:
     """Questions over ``build_world(seed, n_entities)``, split into train / dev / test.
 
@@ -202,6 +207,14 @@ def generate(
 
     Question ids are ``syn{seed}-{split}-{index}`` and unique across splits; the unanswerable
     share is exact (rounded) over all splits together and spread across them by the shuffle.
+
+    ``extra_test`` appends that many test questions, drawn in the same world after every other
+    question: the world, the three splits' questions and every id stay those of ``extra_test=0``,
+    so a larger test set (``make demo-rl``'s) leaves ``make run``'s seeds as they were. The extras
+    are all answerable: the withheld facts of seed 0's two-hop world run out before 150 more
+    questions at the 15% share, and a recipe without a refusal action is scored on answerable
+    questions only. A world too small for the extras raises :class:`ExtrasTooMany` without trying
+    a larger world (that would change every question).
     """
     if not 0.0 <= unanswerable_share < 1.0:
         raise ValueError(f"unanswerable_share must be in [0, 1), got {unanswerable_share}")
@@ -209,7 +222,9 @@ def generate(
         base = 600 if max_hops == 2 else 300
         for size in (base, base * 3 // 2):
             try:
-                return generate(seed, size, n_train, n_dev, n_test, unanswerable_share, max_hops)
+                return generate(seed, size, n_train, n_dev, n_test, unanswerable_share, max_hops, extra_test)
+            except ExtrasTooMany:
+                raise
             except WorldTooSmall:
                 continue
         n_entities = base * 2
@@ -228,4 +243,15 @@ def generate(
             for i, d in enumerate(drafts[start : start + size])
         ]
         start += size
+    if extra_test > 0:
+        try:
+            extras = [_draft(world, rng, k, ok, seen) for k, ok in _plan(rng, extra_test, 0.0, max_hops)]
+        except WorldTooSmall as exc:
+            raise ExtrasTooMany(
+                f"the world of seed {seed} holds fewer than {extra_test} more test questions: {exc}"
+            ) from None
+        splits["test"] += [
+            _to_question(world, rng, d, f"syn{seed}-test-{n_test + i:05d}", "test")
+            for i, d in enumerate(extras)
+        ]
     return splits

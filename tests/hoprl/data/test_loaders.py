@@ -192,3 +192,18 @@ def test_every_protocol_set_with_a_loader_names_a_split_it_has() -> None:
         for evalset in protocol.sets:
             if evalset.dataset in HUB:
                 assert hub_location(evalset.dataset, evalset.split)[2]  # no ValueError
+
+
+def test_a_synthetic_test_field_sizes_the_test_split_alone() -> None:
+    """``synthetic:SEED:MAX_HOPS:TEST``: the test split's size; train and dev and the first test
+    questions are those of ``synthetic:SEED:MAX_HOPS``."""
+    assert len(load("synthetic:0:2:300", split="test")) == 300
+    assert load("synthetic:0:2:300", split="test")[:150] == load("synthetic:0:2", split="test")
+    assert load("synthetic:0:2:40", split="test") == load("synthetic:0:2", split="test")[:40]
+    assert load("synthetic:0:2:300", split="train") == load("synthetic:0:2", split="train")
+    with pytest.raises(DataError, match="synthetic:SEED:MAX_HOPS:TEST"):
+        load("synthetic:0:2:300:1")
+    with pytest.raises(DataError, match="at least one question"):
+        load("synthetic:0:2:0")
+    with pytest.raises(DataError, match="fewer than 99850 more test questions"):
+        load("synthetic:0:2:100000", split="test")

@@ -171,3 +171,28 @@ def test_every_seed_of_the_two_hop_world_draws_its_questions() -> None:
         generate(seed=2, max_hops=2, n_entities=600)
     assert generate(seed=0, max_hops=2) == generate(seed=0, max_hops=2, n_entities=600)
     assert generate(seed=2, max_hops=2) == generate(seed=2, max_hops=2, n_entities=900)
+
+
+def test_extra_test_questions_append_to_the_same_world_and_splits() -> None:
+    """``extra_test`` (``synthetic:SEED:2:300``, make demo-rl): 150 more test questions drawn after the
+    others, answerable, distinct from every question of the world's splits; the world, every split's questions
+    and the first 150 test questions are those without it, so make run's seeds do not move."""
+    for seed in (0, 1, 2):
+        base, grown = generate(seed=seed, max_hops=2), generate(seed=seed, max_hops=2, extra_test=150)
+        assert grown["train"] == base["train"] and grown["dev"] == base["dev"]
+        assert grown["test"][:150] == base["test"] and len(grown["test"]) == 300
+        extras = grown["test"][150:]
+        assert [q.id for q in extras] == [f"syn{seed}-test-{i:05d}" for i in range(150, 300)]
+        texts = [q.question for qs in grown.values() for q in qs]
+        assert len(set(texts)) == len(texts) == 1050
+        assert all(q.answers for q in extras)  # answerable: seed 0's withheld facts run out at 15%
+        assert {q.type for q in extras} == {"bridge-2", "comparison"}
+
+
+def test_too_many_extra_test_questions_name_the_world_and_keep_its_size() -> None:
+    """A world too small for the extras says so; it does not move to a larger world (which would
+    redraw every question of the seed)."""
+    from hoprl.data.synthetic.questions import ExtrasTooMany
+
+    with pytest.raises(ExtrasTooMany, match="seed 11 holds fewer than 5000 more test questions"):
+        generate(seed=SEED, max_hops=2, extra_test=5000)
