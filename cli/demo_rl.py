@@ -69,14 +69,21 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def choose_precision() -> None:
-    """``HOPRL_BF16`` for the demo's services when the user has not set it: on where bf16 autocast
-    measures at least 1.3x faster here (:func:`hoprl.training.hardware.bf16_pays`; an RL step's
-    trainer side took 58 s against 107 s on the AVX512-BF16 EPYC, docs/training.md), off elsewhere."""
+    """bf16 for the demo's services where it pays, unless the user has chosen: ``HOPRL_BF16``
+    (training and rollouts under autocast) and ``POLICY_DTYPE=bfloat16`` (the evaluations' vLLM
+    weights), both on where bf16 autocast measures at least 1.3x faster here
+    (:func:`hoprl.training.hardware.bf16_pays`). On the AVX512-BF16 EPYC an RL step's trainer side
+    took 58 s against 107 s, and vLLM answered 16 prompts of 2,200 tokens in 32 s against 83 s
+    (docs/training.md, "make demo-rl")."""
     if os.environ.get("HOPRL_BF16") is None:
         from hoprl.training.hardware import bf16_pays
 
         os.environ["HOPRL_BF16"] = "1" if bf16_pays() else "0"
-    print(f"bf16 autocast: {'on' if os.environ['HOPRL_BF16'] == '1' else 'off'} (HOPRL_BF16)", flush=True)
+    if os.environ["HOPRL_BF16"] == "1":
+        os.environ.setdefault("POLICY_DTYPE", "bfloat16")
+    autocast = "on" if os.environ["HOPRL_BF16"] == "1" else "off"
+    weights = os.environ.get("POLICY_DTYPE", "float32")
+    print(f"bf16 autocast in training: {autocast} (HOPRL_BF16); policy weights: {weights} (POLICY_DTYPE)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ from hoprl.clients.retriever import RetrieverClient
 from hoprl.data.corpus import gold_ids
 from hoprl.data.jsonl import load_questions, write_questions
 from hoprl.domain import EpisodeShape, Question, ended_shares
-from hoprl.evaluation import corpus_gold, gold_sets
+from hoprl.evaluation import SEARCH_BATCH, corpus_gold, gold_sets
 from hoprl.metrics.retrieval import retrieval_report
 from hoprl.protocols import get_protocol, local_file, sample
 from hoprl.registry import Prediction
@@ -155,8 +155,14 @@ def retrieval_metrics(
     graded = [q for q in questions if gold_ids(q)]
     if not graded:
         return {}
+    queries = [q.question for q in graded]
     with RetrieverClient(retriever_url) as client:
-        hits = client.search(collection, [q.question for q in graded], top_k=max(KS), mode="hybrid")
+        # in requests of SEARCH_BATCH: a search takes at most 256 queries (RETRIEVER_MAX_QUERIES)
+        hits = [
+            row
+            for i in range(0, len(queries), SEARCH_BATCH)
+            for row in client.search(collection, queries[i : i + SEARCH_BATCH], top_k=max(KS), mode="hybrid")
+        ]
         golds = (
             gold_sets(corpus_gold(client, collection, graded)) if corpus else [gold_ids(q) for q in graded]
         )
