@@ -36,6 +36,9 @@ from hoprl.domain import Episode, EpisodeShape, ended_shares
 from hoprl.metrics.answer import exact_match
 from hoprl.metrics.sampling import mean_pass_at_k
 
+#: rollouts in flight without a broker: a local policy's POLICY_MAX_BATCH, the episodes it decodes at once
+ROLLOUT_THREADS = 16
+
 
 @task
 def send_rollouts(
@@ -61,7 +64,7 @@ def send_rollouts(
         for sample in range(samples)
         if (q.id, sample) not in stored
     ]
-    summaries = fan_out(units, description=f"rollouts {run_id} step {step}")
+    summaries = fan_out(units, description=f"rollouts {run_id} step {step}", threads=ROLLOUT_THREADS)
     return {"sent": len(units), "written": sum(s["written"] for s in summaries), "skipped": len(stored)}
 
 

@@ -33,6 +33,7 @@ import redis
 from celery import Celery
 from celery.canvas import Signature
 from celery.signals import after_task_publish
+from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 
 from flows import fanout
@@ -196,6 +197,26 @@ def test_eager_rollouts_are_written_once(
         rows = reg.episodes(run_id)
     assert {(r.question_id, r.sample) for r in rows} == {(q.id, s) for q in questions[1] for s in (0, 1)}
     assert all(r.total_reward == pytest.approx(1.0) and r.trajectory["steps"] for r in rows)
+
+
+@pytest.mark.usefixtures("eager")
+def test_eager_rollouts_in_threads_come_back_in_order_and_written_once(
+    questions: tuple[str, list[SyntheticQuestion]], policy: tuple[str, Any], retriever_url: str,
+    registry_url: str, run_id: str,
+) -> None:  # fmt: skip
+    """``threads`` (the local pipeline's rollouts): the units run side by side, each result in its
+    unit's place, each episode stored once; a failed unit raises as it does one at a time."""
+    units = rollouts(rollout_episode.s, run_id, questions, policy[0], retriever_url)
+    first = fan_out(units, timeout=60, threads=4)
+    assert [(s["question_id"], s["sample"]) for s in first] == [
+        (q.id, s) for q in questions[1] for s in (0, 1)
+    ]
+    assert all(s["written"] is True and s["reward"] == pytest.approx(1.0) for s in first)
+    assert [s["written"] for s in fan_out(units, timeout=60, threads=4)] == [False] * len(units)
+    assert count(registry_url, run_id) == len(units)
+    broken = rollout_episode.s(run_id, 0, {"id": "x"}, 0, RECIPE, "c", policy[0], retriever_url, OPTIONS)
+    with pytest.raises(ValidationError):  # a question without its fields
+        fan_out([units[0], broken], timeout=60, threads=2)
 
 
 @pytest.mark.usefixtures("eager")
