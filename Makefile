@@ -93,7 +93,7 @@ demo-long: venv
 # with the real rewards and as many with each step's rewards permuted (the placebo), the three
 # models evaluated on the same 300 test questions; the verdict is each arm against the warm start
 # (paired bootstrap). DEMO_RL_FROM=<an SFT checkpoint folder of a make run> starts from that warm start.
-DEMO_RL_STEPS ?= 10
+DEMO_RL_STEPS ?= 8
 DEMO_RL_FROM ?=
 DEMO_RL_ARGS ?=
 demo-rl: venv

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 #: the options a user is most likely to change, with the flow's defaults
-DEFAULTS: dict[str, Any] = {"dataset": "synthetic:0:2", "test_questions": 340, "sft_steps": 24, "steps": 10}
+DEFAULTS: dict[str, Any] = {"dataset": "synthetic:0:2", "test_questions": 340, "sft_steps": 24, "steps": 8}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

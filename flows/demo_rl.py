@@ -158,7 +158,7 @@ def demo_rl(
     dataset: str = "synthetic:0:2",
     test_questions: int = 340,
     sft_steps: int = 24,
-    steps: int = 10,
+    steps: int = 8,
     warm_start_from: str | None = None,
     dev_limit: int = 12,
     seed: int = 0,

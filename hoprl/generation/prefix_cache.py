@@ -72,6 +72,12 @@ class PrefixCache:
             self.entries[next(self.ids)] = (tokens, kv)
             self.tokens += n
 
+    def clear(self) -> None:
+        """Forget every row (their keys and values belong to weights that have since changed)."""
+        with self.lock:
+            self.entries.clear()
+            self.tokens = 0
+
     def _drop(self, key: int) -> None:
         tokens, _ = self.entries.pop(key)
         self.tokens -= len(tokens)

@@ -77,6 +77,12 @@ class TrainingEngine(TransformersEngine):
     It leaves the process's torch threads alone: they are the trainer's, and the loss needs all of
     them (setting them to the decoding count here once ran every later loss on one thread, 2x slower
     on 2 cores). Rollouts decode on the rollout's threads inside :func:`generation_mode`.
+
+    Within one rollout an episode's next turn prefills only its new tokens (the engine's prefix
+    cache, :mod:`hoprl.generation.prefix_cache`): without it every turn prefilled the whole chat
+    again, and a step of 16 episodes spent 184 of its 282 s generating. The cached keys and values
+    belong to the weights of that rollout, so :meth:`forget_prefixes` empties the cache before each
+    rollout (after an optimizer step they would be a stale policy's).
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16) -> None:
@@ -92,12 +98,19 @@ class TrainingEngine(TransformersEngine):
         tokenizer = copy.deepcopy(tokenizer)  # the engine may set a pad token; the trainer's copy stays
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        batcher = Batcher(model, tokenizer, self.max_batch, self.autocast, self.prefill_threads)
+        batcher = Batcher(
+            model, tokenizer, self.max_batch, self.autocast, self.prefill_threads, self.prefix_cache
+        )
         with self.lock:
             old, self.batcher = self.batcher, batcher
             self.model, self.tokenizer, self.model_path = model, tokenizer, path
         if old is not None:
             old.retire()
+
+    def forget_prefixes(self) -> None:
+        """Empty the prefix cache: the weights may have changed since it was filled."""
+        if self.batcher is not None:
+            self.batcher.prefixes.clear()
 
 
 @contextmanager
@@ -191,6 +204,7 @@ class AgentRollout:
                 with engine.rounds():
                     yield
             else:
+                engine.forget_prefixes()  # filled under the weights before the last optimizer step
                 yield
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:

@@ -52,3 +52,48 @@ def test_the_trainer_and_hoprl_reward_score_through_one_reward_loop() -> None:
     from hoprl.training import offpolicy, rollout
 
     assert rollout.score is scoring.score and offpolicy.score is scoring.score
+
+
+def test_a_rollout_reuses_earlier_turns_and_never_a_stale_policys(tiny_model: str) -> None:
+    """The training engine's prefix cache: an episode's next turn (its chat so far plus new text)
+    prefills only the new tokens; a rollout after an optimizer step starts with an empty cache, so
+    it decodes exactly what an engine built on the new weights decodes. Kept keys and values of the
+    old weights would not (shown: the same turn from the stale cache decodes differently)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hoprl.generation.engines import SamplingParams
+    from hoprl.training.rollout import AgentRollout, TrainingEngine
+
+    torch.manual_seed(0)
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(tiny_model),
+        AutoTokenizer.from_pretrained(tiny_model),
+    )
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    turn = [{"role": "user", "content": "Who founded Acme Records, and where was its founder born? " * 3}]
+    engine = TrainingEngine(model, tokenizer)
+    rollout = SimpleNamespace(opts=SimpleNamespace(torch_threads=1))  # what generating() reads
+
+    def decode(chat: list[dict[str, str]], on: TrainingEngine = engine) -> str:
+        return on.generate([chat], greedy)[0][0].text
+
+    with AgentRollout.generating(rollout, engine, model):  # type: ignore[arg-type]
+        first = decode(turn)
+        second = [*turn, {"role": "assistant", "content": first}, {"role": "user", "content": "Go on."}]
+        decode(second)
+        cache = engine.batcher.prefixes
+        assert cache.hits >= 1 and cache.reused > len(tokenizer.apply_chat_template(turn)) // 2
+    with torch.no_grad():  # an optimizer step
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    stale = decode(second)  # the cache still holds the old weights' keys and values
+    with AgentRollout.generating(rollout, engine, model):  # type: ignore[arg-type]
+        assert engine.batcher.prefixes.tokens == 0  # emptied as the rollout began
+        fresh = decode(second)
+    rebuilt = TrainingEngine(model, tokenizer)
+    with AgentRollout.generating(rollout, rebuilt, model):  # type: ignore[arg-type]
+        assert fresh == decode(second, rebuilt)
+    assert stale != fresh
