@@ -21,6 +21,11 @@ from typing import Any
 DEFAULTS: dict[str, Any] = {"dataset": "synthetic:0:2", "test_questions": 340, "sft_steps": 24, "steps": 8}
 
 
+#: the options that are the flow's parameters of the same names (flows.demo_rl.demo_rl)
+FLOW_OPTIONS = ("dataset", "test_questions", "sft_steps", "steps", "warm_start_from", "dev_limit", "seed",
+                "hyperparameters", "run_id")  # fmt: skip
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hoprl demo-rl`` (for :mod:`cli.main`)."""
     parser.add_argument(
@@ -99,16 +104,6 @@ def main(args: argparse.Namespace) -> int:
 
     choose_precision()
     with prefect_settings():
-        result = demo_rl(
-            dataset=args.dataset,
-            test_questions=args.test_questions,
-            sft_steps=args.sft_steps,
-            steps=args.steps,
-            warm_start_from=args.warm_start_from,
-            dev_limit=args.dev_limit,
-            seed=args.seed,
-            hyperparameters=args.hyperparameters,
-            run_id=args.run_id,
-        )
+        result = demo_rl(**{name: getattr(args, name) for name in FLOW_OPTIONS})
     print(json.dumps(result, indent=1) if args.json else format_verdict(result))
     return 0

@@ -1,0 +1,59 @@
+"""``hoprl demo-rl``'s options: bad ones stop it with exit 2 naming the fix, before anything starts;
+every option the flow takes reaches it under its own name; bf16 is chosen unless the user chose."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+
+import pytest
+
+from cli import demo_rl as cli
+from flows.demo_rl import demo_rl
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--test-questions", "0"], "--test-questions must be at least 1"),
+        (["--sft-steps", "0"], "--sft-steps 0 needs --from CHECKPOINT"),
+        (["--hyperparameters", "[1]"], "--hyperparameters must be a JSON object"),
+    ],
+)
+def test_bad_options_stop_before_anything_starts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(parse(*argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_defaults_are_the_demos_and_every_option_is_a_flow_parameter() -> None:
+    args = parse()
+    assert (args.dataset, args.test_questions, args.sft_steps, args.steps) == ("synthetic:0:2", 340, 24, 8)
+    parameters = inspect.signature(demo_rl.fn).parameters
+    assert set(cli.FLOW_OPTIONS) <= set(parameters)
+    for name in ("test_questions", "sft_steps", "steps"):
+        assert parameters[name].default == getattr(args, name)
+    assert cli.check(parse("--sft-steps", "0", "--from", "runs/x/checkpoint-24")) is None
+
+
+def test_bf16_is_the_users_choice_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOPRL_BF16", "0")
+    monkeypatch.delenv("POLICY_DTYPE", raising=False)
+    cli.choose_precision()
+    assert "POLICY_DTYPE" not in os.environ  # autocast off: the policy keeps float32
+    monkeypatch.setenv("HOPRL_BF16", "1")
+    monkeypatch.setenv("POLICY_DTYPE", "float32")
+    cli.choose_precision()
+    assert os.environ["POLICY_DTYPE"] == "float32"  # set by the user: kept
+    monkeypatch.delenv("POLICY_DTYPE")
+    cli.choose_precision()
+    assert os.environ["POLICY_DTYPE"] == "bfloat16"
