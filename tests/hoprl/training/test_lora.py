@@ -80,4 +80,8 @@ def test_lora_trains_the_adapters_and_the_engine_samples_them(
     assert registry.checkpoints(run_id)[-1].path == str(folder / MERGED)
     registry.close()
     merged = AutoModelForCausalLM.from_pretrained(folder / MERGED)
-    assert torch.allclose(continuation_logps(merged, ids, start=8), trained, atol=1e-4)
+    # W + BA rounds once into the merged weights: on an AMD EPYC (2026-11-29) the log-probs moved by up
+    # to 1.5e-3 of ~11 that way; the adapters themselves moved them further from the base's
+    served = continuation_logps(merged, ids, start=8)
+    assert (served - trained).abs().max() < 0.5 * (trained - untrained).abs().max()
+    assert torch.allclose(served, trained, rtol=5e-4)
