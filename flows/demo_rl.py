@@ -119,7 +119,7 @@ def verdict(run_id: str, placebo_id: str) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "placebo_run_id": placebo_id,
-        "sft_em": arm_row(sft, sft)["em"],
+        "sft_em": sum(warm := scored_em(sft).values()) / len(warm),
         "final": final,
         "placebo": placebo,
         "rl_beats_warm_start": gained,
