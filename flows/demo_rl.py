@@ -56,6 +56,11 @@ DEMO_HYPERPARAMETERS: dict[str, Any] = {
     "lr_scheduler": "constant",  # a linear decay to 0 spends half of a short run's steps at half the rate
     "micro_batch": 1,  # one episode a pass: no padding, no masked attention path (bench/rl_step.py)
     "gradient_checkpointing": False,  # 4.4 GiB at passes of one episode: room to spare on 24 GiB
+    # dynamic sampling by answers (DAPO Eq. 11, the paper config's default): a group whose answers
+    # all agree is refilled; by rewards none ever was (r_s and r_f spread over wrong answers). Two
+    # refills, not three: a group's draws run one after another, and each is a rollout's time
+    "dynamic_sampling_signal": "answers",
+    "max_resample": 2,
 }
 #: when-to-search in stage 1 throughout: r_a rewards a right answer; stage 2 charges each search,
 #: trading EM for fewer searches, and the demo's question is EM
@@ -96,8 +101,9 @@ def arm_row(row: Any, reference: Any) -> dict[str, Any]:
 
 
 #: the training signals the verdict carries per arm (the run's ``train/*`` series, docs/training.md)
-SIGNALS = ("reward", "reward_std", "frac_reward_zero_std", "warm_start_kl/k3", "entropy", "grad_norm",
-           "searches", "step_time", "rollout_s")  # fmt: skip
+SIGNALS = ("reward", "reward_std", "frac_reward_zero_std", "answers_flat", "dynamic/resampled",
+           "dynamic/kept_flat", "warm_start_kl/k3", "entropy", "grad_norm", "searches", "step_time",
+           "rollout_s")  # fmt: skip
 
 
 def arm_signals(run_id: str) -> dict[str, list[float]]:

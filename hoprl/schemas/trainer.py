@@ -83,7 +83,12 @@ class Hyperparameters(BaseModel):
         "(none); default: none for dr_grpo (Dr. GRPO drops the std as well as the length normalisation), "
         "else group",
     )
-    dynamic_sampling: bool | None = Field(None, description="refill groups whose rewards have zero spread")
+    dynamic_sampling: bool | None = Field(None, description="refill flat groups (dynamic_sampling_signal)")
+    dynamic_sampling_signal: Literal["answers", "rewards"] | None = Field(
+        None,
+        description="what a group must vary in to be kept: answers (DAPO Eq. 11: some but not all correct by "
+        "exact match; the default) or rewards (R2AG Eq. 6: total rewards with std > 0)",
+    )
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
     max_steps: int = Field(
         SHAPE_DEFAULTS["paper"].max_steps,

@@ -17,12 +17,19 @@ Every other key of the returned dict reaches the reward functions as a keyword a
 ``episodes`` and the question columns the recipes read (``answers``, ``gold_titles``,
 ``paragraphs``), taken from the question actually rolled out (see dynamic sampling).
 
-**Dynamic sampling (DAPO).** With ``dynamic_sampling`` on, a group whose total rewards have zero
-spread (every sample scored the same, so every GRPO advantage is 0) is dropped and refilled with
-a group for another training question, up to ``max_resample`` draws. When every draw is flat
-too, the *original* question's group is kept: its advantages are all 0, so it adds no policy
-gradient (only the KL term when ``beta > 0``). The metrics ``dynamic/resampled`` and
-``dynamic/kept_flat`` count both cases per batch.
+**Dynamic sampling (DAPO).** With ``dynamic_sampling`` on, a *flat* group is dropped and refilled
+with a group for another training question, up to ``max_resample`` draws. What makes a group flat
+is ``dynamic_sampling_signal``: ``"answers"`` (DAPO's own rule, Yu et al., 2025, Eq. 11: keep a
+group only when ``0 < |{correct samples}| < G``; correct by normalised exact match,
+:func:`hoprl.training.signals.correct`), so a group whose answers all agree is refilled even when
+another reward term spreads (when-to-search's r_s and r_f spread over a group of wrong answers:
+its advantages then teach search counts and format, nothing about the answer); or ``"rewards"``
+(R2AG Eq. 6, ``std({R_i}) > 0``: every sample scored the same, so every GRPO advantage is 0).
+When every draw is flat too, the *original* question's group is kept, so a step keeps its batch
+shape: under ``"rewards"`` its advantages are all 0 (no policy gradient; only the KL term when
+``beta > 0``); under ``"answers"`` it trains on whatever its other reward terms spread. The metrics
+``dynamic/resampled`` and ``dynamic/kept_flat`` count both cases per batch, and ``answers_flat``
+is the share of the trained groups whose answers agree, whichever the signal.
 
 The refills are drawn *before* any episode runs, from an RNG keyed by the job's seed, the step
 and the batch's question ids (``random.Random(f"{seed}:resample:{step}:{ids}")``, the pattern of
@@ -48,7 +55,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -62,7 +69,7 @@ from hoprl.recipes import reward_weights
 from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
 from hoprl.training.hardware import bf16_mixed_precision
-from hoprl.training.signals import answer_tokens
+from hoprl.training.signals import answer_tokens, answers_flat, answers_flat_share
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
 
 log = logging.getLogger("hoprl.trainer")
@@ -152,6 +159,7 @@ class RolloutOptions:
     shape: EpisodeShape
     sampling: dict[str, Any] = field(default_factory=dict)
     dynamic_sampling: bool = False
+    dynamic_sampling_signal: Literal["answers", "rewards"] = "answers"
     max_resample: int = 3
     concurrency: int = 16
     torch_threads: int = 1
@@ -222,6 +230,7 @@ class AgentRollout:
                 self.collect(groups, engine, trainer, weights, step)
             )
         stats = episode_stats(episodes, trainer.processing_class)
+        stats["answers_flat"] = answers_flat_share(episodes, g)
         self.step_stats = {"rollout_s": time.perf_counter() - start, **stats}
         # Several processes: every rank rolled out its share; the step's whole set is gathered so
         # rank 0 stores it once and every rank's curriculum sees the same totals (distributed.py).
@@ -316,12 +325,14 @@ class AgentRollout:
     def refills(self, groups: Sequence[Question], step: int | None) -> list[list[Question]]:
         """Each group's refill candidates at ``step`` (module docstring); ``[]`` each without
         dynamic sampling. With 8 questions, 2 groups and ``max_resample=3``, the 6 others are
-        shuffled and dealt 3 + 3.
+        shuffled and dealt 3 + 3. By ``"answers"``, unanswerable questions are never candidates.
         """
         if not self.opts.dynamic_sampling:
             return [[] for _ in groups]
         batch = {q.id for q in groups}
-        others = [q for q in self.pool if q.id not in batch]
+        # by answers, a question without gold answers is flat whatever is sampled: never a refill
+        hopeless = self.opts.dynamic_sampling_signal == "answers"
+        others = [q for q in self.pool if q.id not in batch and not (hopeless and not q.answerable)]
         rng = random.Random(f"{self.opts.seed}:resample:{step}:{','.join(q.id for q in groups)}")
         drawn = rng.sample(others, min(len(others), len(groups) * self.opts.max_resample))
         return [drawn[i :: len(groups)][: self.opts.max_resample] for i in range(len(groups))]
@@ -334,12 +345,12 @@ class AgentRollout:
         if not self.opts.dynamic_sampling:
             return eps, question, per, totals
         result, tried, outcome = (eps, question, per, totals), 0, "spread"
-        if spread(totals) == 0:
+        if self.flat(eps, totals):
             outcome = "kept_flat"
             for other in plan:
                 tried += 1
                 eps, per, totals = await self.episodes(other, chat, retriever, weights)
-                if spread(totals) > 0:
+                if not self.flat(eps, totals):
                     result, outcome = (eps, other, per, totals), "resampled"
                     break
             self.counts[outcome] += 1
@@ -347,6 +358,12 @@ class AgentRollout:
         for episode in result[0]:
             episode.meta["dynamic_sampling"] = dict(trail)
         return result
+
+    def flat(self, episodes: Sequence[Episode], totals: Sequence[float]) -> bool:
+        """Whether a group teaches nothing by ``dynamic_sampling_signal`` (module docstring)."""
+        if self.opts.dynamic_sampling_signal == "answers":
+            return answers_flat(episodes)
+        return spread(totals) == 0
 
     async def episodes(self, question: Question, chat: EngineChat, retriever: AsyncRetrieverClient,
                        weights: list[float]) -> tuple[list[Episode], list[dict[str, float]], list[float]]:  # fmt: skip # noqa: E501

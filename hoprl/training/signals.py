@@ -23,6 +23,10 @@ policy's token ``entropy``, the gradient norm (``grad_norm``) and, with ``beta >
   the step's mask-1 tokens: ``warm_start_kl/k1``, ``warm_start_kl/k3``, and the forward pass's
   seconds ``warm_start_kl/forward_s`` (0 when TRL's reference was reused).
 - :func:`answer_tokens`: the mean length, in tokens, of the final answers of the step's episodes.
+- **Groups that teach the reader nothing** (:func:`answers_flat`, logged as ``answers_flat``): the
+  share of the step's groups whose episodes were all right or all wrong by exact match (DAPO's
+  accuracy of 0 or 1). ``frac_reward_zero_std`` misses them when other reward terms spread (a
+  when-to-search group of wrong answers still spreads through r_s and r_f).
 
 >>> [round(v, 4) for v in kl_sums(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.0, -3.0]]),
 ...                                torch.tensor([[1.0, 1.0]]))]
@@ -40,6 +44,7 @@ import torch
 from trl.trainer.utils import add_fused_lm_head
 
 from hoprl.domain import Episode
+from hoprl.metrics.answer import exact_match
 from hoprl.training.policy_head import loss_mask, policy_token_logps
 
 #: outcomes a limit of the episode's shape decided: TRL's "clipped" for an agent episode
@@ -58,6 +63,29 @@ def answer_tokens(episodes: Sequence[Episode], tokenizer: Any) -> float:
     answers = [e.final_answer for e in episodes if e.final_answer is not None]
     counts = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
     return sum(counts) / len(counts) if counts else 0.0
+
+
+def correct(episode: Episode) -> bool:
+    """DAPO's ``is_equivalent`` (Yu et al., 2025, Eq. 11) as a rule: the final answer matches a gold
+    answer by normalised exact match. An unanswerable question (no gold answers) is never correct."""
+    return exact_match(episode.final_answer or "", episode.answers) == 1.0
+
+
+def answers_flat(episodes: Sequence[Episode]) -> bool:
+    """Whether every episode of one group is right, or every one wrong (:func:`correct`).
+
+    >>> right, wrong = (Episode(recipe="r", question_id="q", question="?", answers=["Paris"],
+    ...                         final_answer=a) for a in ("paris.", "Lyon"))
+    >>> answers_flat([right, right]), answers_flat([wrong, wrong]), answers_flat([right, wrong])
+    (True, True, False)
+    """
+    return len({correct(e) for e in episodes}) <= 1
+
+
+def answers_flat_share(episodes: Sequence[Episode], group_size: int) -> float:
+    """The share of the consecutive groups of ``group_size`` episodes that are :func:`answers_flat`."""
+    groups = [episodes[i : i + group_size] for i in range(0, len(episodes), group_size)]
+    return sum(answers_flat(g) for g in groups) / max(len(groups), 1)
 
 
 def completion_metrics(clipped: Sequence[bool], lengths: Sequence[float]) -> dict[str, float]:

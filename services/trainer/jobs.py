@@ -273,5 +273,7 @@ def rollout_options(request: JobRequest, hp: Hyperparameters, collection: str,
     return RolloutOptions(
         collection=collection, retriever_url=settings.retriever_url, num_generations=hp.num_generations,
         shape=episode_shape(hp),
-        dynamic_sampling=bool(hp.dynamic_sampling), max_resample=hp.max_resample, seed=request.seed,
+        dynamic_sampling=bool(hp.dynamic_sampling),
+        dynamic_sampling_signal=hp.dynamic_sampling_signal or "answers",
+        max_resample=hp.max_resample, seed=request.seed,
     )  # fmt: skip

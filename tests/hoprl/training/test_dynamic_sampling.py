@@ -34,9 +34,11 @@ class VariesOn(SearchR1):
 
 
 def collect(recipe: Any, batch: list[Question], pool: list[Question], tiny_model: str,
-            retriever_url: str, collection: str) -> tuple[AgentRollout, Any]:  # fmt: skip
+            retriever_url: str, collection: str,
+            signal: str = "rewards") -> tuple[AgentRollout, Any]:  # fmt: skip
     opts = RolloutOptions(
         collection=collection, retriever_url=retriever_url, num_generations=3, dynamic_sampling=True,
+        dynamic_sampling_signal=signal,  # type: ignore[arg-type]
         max_resample=3, shape=shape(max_steps=1, max_new_tokens_per_step=8, token_budget=64),
     )  # fmt: skip
     rollout = AgentRollout(recipe, pool, opts)
@@ -75,8 +77,28 @@ def test_group_stays_when_every_draw_is_flat(tiny_model: str, retriever_url: str
     assert all(e.meta["dynamic_sampling"] == trail for e in episodes)
 
 
+def test_answers_signal_refills_a_group_whose_rewards_spread_but_answers_agree(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]]
+) -> None:
+    """DAPO's rule (Eq. 11): a group is kept for its answers, not for another term's spread. The
+    untrained tiny model answers nothing right, so every group's answers agree (all wrong) although
+    its rewards (generated length) spread: refilled until the plan runs out, then kept."""
+    pool = [q for q in synthetic["train"] if q.answerable][:3]
+    varied = VariesOn({q.id for q in pool})
+    by_rewards, (_, _, _, totals) = collect(varied, [pool[0]], pool, tiny_model, retriever_url, collection)
+    assert spread(totals) > 0 and by_rewards.counts == {"resampled": 0, "kept_flat": 0}
+    by_answers, (episodes, questions, _, totals) = collect(
+        varied, [pool[0]], pool, tiny_model, retriever_url, collection, signal="answers"
+    )
+    assert not any(e.final_answer and e.final_answer in e.answers for e in episodes)
+    assert by_answers.counts == {"resampled": 0, "kept_flat": 1}
+    assert {q.id for q in questions} == {pool[0].id}
+    assert all(e.meta["dynamic_sampling"]["tried"] == 2 for e in episodes)
+
+
 OPTS = RolloutOptions(collection="c", retriever_url="http://127.0.0.1:9", num_generations=2, shape=shape(),
-                      dynamic_sampling=True, max_resample=3, seed=7)  # fmt: skip
+                      dynamic_sampling=True, dynamic_sampling_signal="rewards", max_resample=3,
+                      seed=7)  # fmt: skip
 
 
 def ids(plan: list[list[Question]]) -> list[list[str]]:
@@ -125,3 +147,15 @@ def test_refills_are_dealt_round_robin(synthetic: dict[str, list[Question]], poo
 def test_no_refills_without_dynamic_sampling(synthetic: dict[str, list[Question]]) -> None:
     rollout = AgentRollout(SearchR1(), synthetic["train"], replace(OPTS, dynamic_sampling=False))
     assert rollout.refills(synthetic["train"][:2], 1) == [[], []]
+
+
+def test_by_answers_an_unanswerable_question_is_never_a_refill(synthetic: dict[str, list[Question]]) -> None:
+    """No sample can be right on a question without gold answers, so its group is flat by answers
+    whatever the policy does: drawing it would only waste a group of episodes."""
+    pool = [q for q in synthetic["train"] if q.answerable][:6]
+    pool[3:] = [q.model_copy(update={"answers": []}) for q in pool[3:]]
+    by_answers = AgentRollout(SearchR1(), pool, replace(OPTS, dynamic_sampling_signal="answers"))
+    (plan,) = by_answers.refills(pool[:1], 1)
+    assert sorted(q.id for q in plan) == sorted(q.id for q in pool[1:3])
+    by_rewards = AgentRollout(SearchR1(), pool, OPTS)
+    assert len(by_rewards.refills(pool[:1], 1)[0]) == 3

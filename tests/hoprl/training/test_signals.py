@@ -23,7 +23,9 @@ from hoprl.training.grpo import build_grpo, grpo_config
 from hoprl.training.rollout import AgentRollout, RolloutOptions, episode_stats
 from hoprl.training.signals import (
     answer_tokens,
+    answers_flat_share,
     completion_metrics,
+    correct,
     kl_sums,
     replace_completion_metrics,
     warm_start_kl,
@@ -59,6 +61,26 @@ def test_answer_length_counts_the_final_answers_only() -> None:
     episodes = [episode("answer", "New York City"), episode("answer", "1961"), episode("token_budget")]
     assert answer_tokens(episodes, Words()) == 2.0
     assert answer_tokens([episode("format_error")], Words()) == 0.0
+
+
+def test_correct_is_normalised_exact_match_and_never_on_an_unanswerable_question() -> None:
+    def said(answer: str | None, golds: list[str]) -> bool:
+        return correct(Episode(recipe="r", question_id="q", question="?", answers=golds, final_answer=answer))
+
+    assert said("the Eiffel Tower!", ["Eiffel Tower"]) and said("NYC", ["New York City", "nyc"])
+    assert not said("Eiffel", ["Eiffel Tower"]) and not said(None, ["x"]) and not said("", [])
+
+
+def test_the_share_of_groups_whose_answers_agree() -> None:
+    """Three groups of 2: right+right (agree), wrong+wrong (agree), right+wrong (spread): 2/3. By
+    reward a when-to-search group of two wrong answers can still spread (r_s, r_f): not by answers."""
+
+    def ep(answer: str) -> Episode:
+        return Episode(recipe="r", question_id="q", question="?", answers=["1961"], final_answer=answer)
+
+    groups = [ep("1961"), ep("1961."), ep("1960"), ep("no"), ep("1961"), ep("1962")]
+    assert answers_flat_share(groups, 2) == pytest.approx(2 / 3)
+    assert answers_flat_share(groups[4:], 2) == 0.0 and answers_flat_share([], 2) == 0.0
 
 
 def test_episode_stats_carry_the_answer_share_and_length() -> None:

@@ -51,6 +51,7 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("r2ag", None, "epsilon", 0.2, "R2AG App. B.2: eps_low 0.2"),
     ("r2ag", None, "epsilon_high", 0.28, "R2AG App. B.2: eps_high 0.28"),
     ("r2ag", None, "dynamic_sampling", True, "R2AG Eq. 6: s.t. std({R_i}) > 0"),
+    ("r2ag", None, "dynamic_sampling_signal", "rewards", "R2AG Eq. 6: s.t. std({R_i}) > 0"),
     ("r2ag", None, "learning_rate", 1e-6, "R2AG App. B.2: initial learning rate 1e-6 (AdamW)"),
     ("r2ag", None, "questions_per_step", 128, "R2AG App. B.2: prompt batch size 128"),
     ("r2ag", None, "num_generations", 12, "R2AG App. B.2: group size 12"),
@@ -61,6 +62,7 @@ PAPER: list[tuple[str, str | None, str, Any, str]] = [
     ("when-to-search", None, "objective", "dapo", "when-to-search §3.2"),
     ("when-to-search", None, "beta", 0.0, "when-to-search §3.2: DAPO removes the KL term"),
     ("when-to-search", None, "dynamic_sampling", True, "when-to-search §3.2: dynamic sampling"),
+    ("when-to-search", None, "dynamic_sampling_signal", "answers", "§3.2 DAPO, Eq. 11"),
     ("when-to-search", None, "learning_rate", 1e-6, "when-to-search Table 5: lr 1e-6"),
     ("when-to-search", None, "questions_per_step", 32, "when-to-search Table 5: batch_size 32"),
     ("when-to-search", None, "num_generations", 32, "when-to-search Table 5: n 32"),
@@ -127,6 +129,7 @@ PROJECT: list[tuple[str, str, Any, str]] = [
         "EVO-RAG's GRPO groups are siblings at a step; their count is not given",
     ),
     ("when-to-search", "epsilon_high", 0.28, "when-to-search names eps_high without a value: DAPO's own"),
+    ("search-r1", "dynamic_sampling_signal", "answers", "no paper rule: DAPO's own (its Eq. 11)"),
 ]
 
 #: the cpu preset, by hand: 2 questions x 4 samples a step, 4 turns of 96 tokens, 1152-token episodes
@@ -189,6 +192,7 @@ def test_the_cpu_preset_scales_sizes_and_keeps_the_papers_algorithm(recipe: str)
         "epsilon",
         "epsilon_high",
         "dynamic_sampling",
+        "dynamic_sampling_signal",
         "advantage",
         "temperature",
     ):
