@@ -331,8 +331,8 @@ class AgentRollout:
             return [[] for _ in groups]
         batch = {q.id for q in groups}
         # by answers, a question without gold answers is flat whatever is sampled: never a refill
-        hopeless = self.opts.dynamic_sampling_signal == "answers"
-        others = [q for q in self.pool if q.id not in batch and not (hopeless and not q.answerable)]
+        by_answers = self.opts.dynamic_sampling_signal == "answers"
+        others = [q for q in self.pool if q.id not in batch and (q.answerable or not by_answers)]
         rng = random.Random(f"{self.opts.seed}:resample:{step}:{','.join(q.id for q in groups)}")
         drawn = rng.sample(others, min(len(others), len(groups) * self.opts.max_resample))
         return [drawn[i :: len(groups)][: self.opts.max_resample] for i in range(len(groups))]
