@@ -108,6 +108,10 @@ def test_job_survives_service_restart(settings: TrainerSettings, tiny_model: str
         assert done.step == 2
 
 
+def _written(path: Path) -> bool:
+    return path.is_file() and path.read_text().strip() != ""
+
+
 def test_cancel_on_exit_stops_the_running_job_with_the_service(
     settings: TrainerSettings, tiny_model: str, data: Path, collection: str
 ) -> None:
@@ -116,9 +120,11 @@ def test_cancel_on_exit_stops_the_running_job_with_the_service(
     settings = settings.model_copy(update={"cancel_on_exit": True})
     with LocalServer(create_app(settings)) as server, TrainerClient(server.url) as client:
         created = client.submit(job(tiny_model, data, collection, steps=50))
-        while client.get(created.id).status == "queued":
+        pid_file = settings.runs_dir / created.id / "worker.pid"
+        # the worker may mark its run running before the queue has written its pid file
+        while client.get(created.id).status == "queued" or not _written(pid_file):
             time.sleep(0.05)
-        pid = int((settings.runs_dir / created.id / "worker.pid").read_text())
+        pid = int(pid_file.read_text())
     with Registry(settings.database_url) as registry:
         assert registry.get_run(created.id).status == "cancelled"  # type: ignore[union-attr]
         assert registry.list_runs(status="running", kind="job") == []
