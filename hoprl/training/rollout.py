@@ -69,6 +69,7 @@ from hoprl.recipes import reward_weights
 from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
 from hoprl.training.hardware import bf16_mixed_precision
+from hoprl.training.lora import adapters_merged
 from hoprl.training.signals import answer_tokens, answers_flat, answers_flat_share
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
 
@@ -177,6 +178,9 @@ class AgentRollout:
             episode carries it in ``meta["attempt"]``.
     """
 
+    #: fold LoRA adapters into the weights while the transformers engine decodes (:meth:`generating`)
+    merge_adapters = True
+
     def __init__(self, recipe: Any, questions: Sequence[Question], opts: RolloutOptions,
                  sink: EpisodeSink | None = None) -> None:  # fmt: skip
         self.recipe, self.opts, self.sink = recipe, opts, sink
@@ -206,14 +210,17 @@ class AgentRollout:
 
     @contextmanager
     def generating(self, engine: TrainingEngine | VllmRolloutEngine, model: Any) -> Iterator[None]:
-        """Around a rollout: eval mode and decoding threads; vLLM's rounds with the other ranks."""
+        """Around a rollout: eval mode and decoding threads; vLLM's rounds with the other ranks; LoRA
+        adapters folded into the weights the transformers engine decodes with
+        (:func:`hoprl.training.lora.adapters_merged`; ``merge_adapters`` False: decoded apart)."""
         with generation_mode(model, self.opts.torch_threads):
             if isinstance(engine, VllmRolloutEngine):
                 with engine.rounds():
                     yield
             else:
                 engine.forget_prefixes()  # filled under the weights before the last optimizer step
-                yield
+                with adapters_merged(model, self.merge_adapters):
+                    yield
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         g = self.opts.num_generations

@@ -14,7 +14,7 @@ from hoprl.registry.store import Registry
 from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.callbacks import Curricula, RunCallback
 from hoprl.training.grpo import build_grpo, grpo_config
-from hoprl.training.lora import MERGED, lora_config, servable
+from hoprl.training.lora import MERGED, adapters_merged, lora_config, servable
 from hoprl.training.rollout import AgentRollout, RolloutOptions
 from tests.conftest import shape
 from tests.hoprl.training.test_grpo import LengthRecipe
@@ -85,3 +85,39 @@ def test_lora_trains_the_adapters_and_the_engine_samples_them(
     served = continuation_logps(merged, ids, start=8)
     assert (served - trained).abs().max() < 0.5 * (trained - untrained).abs().max()
     assert torch.allclose(served, trained, rtol=5e-4)
+
+
+def test_a_rollout_decodes_the_adapters_merged_and_leaves_every_weight_as_it_was(tiny_model: str) -> None:
+    """Inside ``adapters_merged`` the layers are merged and compute the adapted policy (not the
+    base); after it they are apart again and every weight is bit for bit what it was."""
+    from peft import get_peft_model
+    from peft.tuners.lora import LoraLayer
+
+    policy = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model), lora_config(Hyperparameters(lora_rank=4))
+    )
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained adapter: B leaves its zero init
+        for name, weight in policy.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(0, 0.05)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    layers = [m for m in policy.modules() if isinstance(m, LoraLayer)]
+    ids = list(range(3, 40))
+    adapted = continuation_logps(policy, ids, start=8)
+    with policy.disable_adapter():
+        untrained = continuation_logps(policy, ids, start=8)
+    with adapters_merged(policy):
+        assert layers and all(layer.merged for layer in layers)
+        merged = continuation_logps(policy, ids, start=8)
+    assert torch.allclose(merged, adapted, atol=1e-4)
+    assert (adapted - untrained).abs().max() > 1e-2  # the adapters matter, so the check above does
+    assert not any(layer.merged for layer in layers)
+    for name, weight in policy.named_parameters():
+        assert torch.equal(weight, before[name]), name
+    assert torch.equal(continuation_logps(policy, ids, start=8), adapted)
+    with adapters_merged(policy, merge=False):
+        assert not any(layer.merged for layer in layers)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with adapters_merged(plain):  # not a peft model: as it is
+        assert continuation_logps(plain, ids, start=8).shape == adapted.shape

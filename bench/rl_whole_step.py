@@ -1,0 +1,174 @@
+"""The whole RL step, rollouts included, as a trainer job runs it: time and peak memory per variant.
+
+    python bench/rl_whole_step.py --model runs/<id>/jobs/<sft job>/checkpoint-24
+    python bench/rl_whole_step.py --model CKPT --variants full-fp32,lora16-micro1-nogc-bf16 --steps 3
+
+``bench/rl_step.py`` replays fixed episodes to time the trainer's side of a step; this bench times
+what a user waits for: ``make run``'s DAPO job (when-to-search on the synthetic world, the cpu
+preset: 2 questions x 4 episodes of 4 turns of 96 tokens) from a warm start that searches, each
+step its 8 episodes (no dynamic-sampling refills) rolled out against a live retriever, their
+rewards, the loss and the optimizer step. Each variant is a real trainer job
+(:func:`services.trainer.jobs.submit` into a registry of the bench's own, run by the trainer's
+worker, :func:`services.trainer.worker.main`, in a process of its own as the trainer service
+launches it) with the variant's hyperparameters and environment
+(``bench/rl_step.py``'s variant names: ``full``, ``lora16-micro1-nogc``, ... with ``-bf16`` /
+``-fp32``; and ``-unmerged``: LoRA rollouts decode with the adapters apart, as before
+:func:`hoprl.training.lora.adapters_merged`). Every variant starts from the same checkpoint, seed
+and questions.
+
+Reported per variant, from the job's own metrics (``step_time``, ``rollout_s``) and the worker's
+resource usage: each step's time and rollout time, the median of the steps after the first (the
+first warms up the engine, threads and allocators; with one step, that step), and the worker's
+peak resident memory (``ru_maxrss`` of the process, from ``wait4``). The first variant is the
+reference of the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rl_step import split_variant  # noqa: E402  (a script beside this one)
+
+#: set in a variant's worker: LoRA rollouts decode with the adapters apart (``-unmerged``)
+UNMERGED = "HOPRL_BENCH_UNMERGED"
+#: ``make run``'s dataset: the synthetic world, seed 0, questions of up to 2 hops
+DATASET = "synthetic:0:2"
+
+
+def job_request(model: str, steps: int, options: dict[str, Any]) -> Any:
+    """``make run``'s DAPO job (:func:`flows.pipeline.job_hyperparameters` with the cpu preset) from
+    ``model``, with ``options`` over its hyperparameters, a checkpoint only at the last step and no
+    dynamic sampling (a flat group's refill would add rollouts to one variant's step and not to
+    another's: the step is the 8 episodes)."""
+    from flows.pipeline import job_hyperparameters
+    from hoprl.schemas.trainer import JobRequest
+
+    # no refills: every step rolls out exactly its 8 episodes, whatever the variant samples
+    fixed = {"save_steps": steps, "dynamic_sampling": False}
+    hp = job_hyperparameters("when-to-search", steps, {**fixed, **options}, None, "cpu")
+    return JobRequest(recipe="when-to-search", objective="dapo", dataset=DATASET, model=model, steps=steps,
+                      seed=0, hyperparameters=hp)  # fmt: skip
+
+
+def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A variant name's hyperparameters and its worker's environment: ``bench/rl_step.py``'s names,
+    and ``-unmerged`` at the end of any."""
+    if name.endswith("-unmerged"):
+        options, env = split_variant(name.removesuffix("-unmerged"))
+        return options, {**env, UNMERGED: "1"}
+    return split_variant(name)
+
+
+def worker(run_id: str) -> int:
+    """The trainer's worker on ``run_id``, with the LoRA rollouts unmerged when the variant says so."""
+    from hoprl.training.rollout import AgentRollout
+    from services.trainer.worker import main as work
+
+    AgentRollout.merge_adapters = os.environ.get(UNMERGED) != "1"
+    return work([run_id])
+
+
+def run_variant(
+    name: str, model: str, steps: int, work: Path, retriever_url: str, threads: int
+) -> dict[str, Any]:
+    """One variant as a trainer job in a worker process of its own; its figures (module docstring)."""
+    from hoprl.registry.store import Registry
+    from services.trainer.jobs import submit
+
+    options, env = variant(name)
+    database = f"sqlite:///{work / 'registry.db'}"
+    with Registry(database) as registry:
+        run_id = submit(registry, job_request(model, steps, options)).id
+    worker_env = {
+        **os.environ, "PYTHONPATH": str(ROOT), "TRAINER_DATABASE_URL": database,
+        "TRAINER_RUNS_DIR": str(work / "runs"), "TRAINER_RETRIEVER_URL": retriever_url,
+        "TRAINER_MODEL_ROOTS": str(Path(model).resolve().parent), "TRAINER_TORCH_THREADS": str(threads),
+        "TRL_EXPERIMENTAL_SILENCE": "1", **env,
+    }  # fmt: skip
+    log = (work / f"{name}.log").open("wb")
+    began = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--worker", run_id], cwd=ROOT, env=worker_env,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - began
+    log.close()
+    with Registry(database) as registry:
+        run = registry.get_run(run_id)
+        if proc.returncode != 0 or run is None or run.status != "succeeded":
+            tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"variant {name}: the job ended {run.status if run else '?'}:\n{tail}")
+        series = {
+            key: [v for _, v in registry.metric_series(run_id, key)] for key in ("step_time", "rollout_s")
+        }
+    steps_s, rollouts_s = series["step_time"], series["rollout_s"]
+    timed = slice(1, None) if len(steps_s) > 1 else slice(None)
+    step_s, rollout_s = statistics.median(steps_s[timed]), statistics.median(rollouts_s[timed])
+    return {
+        "variant": name, "steps_s": [round(s, 1) for s in steps_s],
+        "rollouts_s": [round(s, 1) for s in rollouts_s], "step_s": round(step_s, 1),
+        "rollout_s": round(rollout_s, 1), "loss_s": round(step_s - rollout_s, 1),
+        "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "wall_s": round(wall, 1), "threads": threads,
+        "options": options, "env": env,
+    }  # fmt: skip
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The results as a markdown table, the first variant the reference of ``x ref``."""
+    ref = results[0]["step_s"]
+    lines = ["| variant | step s | x ref | rollouts s | rest s | peak RSS GiB | steps s |",
+             "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for r in results:
+        steps = ", ".join(map(str, r["steps_s"]))
+        lines.append(f"| `{r['variant']}` | {r['step_s']} | {r['step_s'] / ref:.2f} | {r['rollout_s']} | "
+                     f"{r['loss_s']} | {r['peak_rss_gib']} | {steps} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--model", required=True, help="a warm start that searches (an SFT checkpoint)")
+    parser.add_argument("--variants", default="full-fp32,lora16-micro1-nogc-bf16")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per variant (1st: warm-up)")
+    parser.add_argument("--threads", type=int, default=2, help="the worker's torch threads")
+    parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a variant's worker process: its run id
+    if "--worker" in sys.argv:
+        raise SystemExit(worker(sys.argv[sys.argv.index("--worker") + 1]))
+    args = parser.parse_args()
+    from services.local import LocalServer
+    from services.retriever.app import create_app
+    from services.retriever.settings import RetrieverSettings
+
+    names = args.variants.split(",")
+    for name in names:
+        variant(name)  # an unknown name stops the bench before any job runs
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rl-whole-step-") as tmp:
+        work = Path(tmp)
+        with LocalServer(create_app(RetrieverSettings(storage_path=work / "qdrant"))) as retriever:
+            for name in names:
+                results.append(run_variant(name, args.model, args.steps, work, retriever.url, args.threads))
+                print(json.dumps(results[-1]), flush=True)
+    print("\n" + table(results))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

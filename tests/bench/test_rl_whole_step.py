@@ -1,0 +1,47 @@
+"""bench/rl_whole_step.py end to end on the tiny model: two variants as real trainer jobs, each in
+a worker process of its own against a live retriever, timed from the jobs' own metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+bench = load_script("bench/rl_whole_step.py", "bench_rl_whole_step")
+
+
+def test_each_variant_is_make_runs_dapo_job_with_its_options() -> None:
+    request = bench.job_request("/m", 2, {"lora_rank": 16, "micro_batch": 1})
+    what = (request.recipe, request.objective, request.dataset, request.steps)
+    assert what == ("when-to-search", "dapo", "synthetic:0:2", 2)
+    hp = request.hyperparameters
+    assert (hp.preset, hp.lora_rank, hp.micro_batch, hp.save_steps) == ("cpu", 16, 1, 2)
+    assert hp.dynamic_sampling is False  # a step is its 8 episodes, no refills
+    assert hp.recipe_config["switch_step"] == 1  # make run's: stage 2 for the second half
+
+
+def test_the_bench_times_whole_steps_of_two_variants(tiny_model: str, tmp_path: Path) -> None:
+    out = tmp_path / "whole.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "bench/rl_whole_step.py", "--model", tiny_model, "--steps", "2", "--threads", "1",
+         "--variants", "full-fp32,lora16-micro1-nogc-fp32", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert [r["variant"] for r in results] == ["full-fp32", "lora16-micro1-nogc-fp32"]
+    for r in results:
+        assert len(r["steps_s"]) == len(r["rollouts_s"]) == 2
+        assert all(0 < roll < step for roll, step in zip(r["rollouts_s"], r["steps_s"], strict=True))
+        assert r["step_s"] == r["steps_s"][1] and r["peak_rss_gib"] > 0.1  # the step after the warm-up
+        assert r["env"] == {"HOPRL_BF16": "0"}
+    assert results[1]["options"] == {"lora_rank": 16, "micro_batch": 1, "gradient_checkpointing": False}
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
+    ratio = results[1]["step_s"] / results[0]["step_s"]
+    assert [row.split("|")[3].strip() for row in rows] == ["1.00", f"{ratio:.2f}"]
