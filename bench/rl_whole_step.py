@@ -12,9 +12,10 @@ rewards, the loss and the optimizer step. Each variant is a real trainer job
 worker, :func:`services.trainer.worker.main`, in a process of its own as the trainer service
 launches it) with the variant's hyperparameters and environment
 (``bench/rl_step.py``'s variant names: ``full``, ``lora16-micro1-nogc``, ... with ``-bf16`` /
-``-fp32``; and ``-unmerged``: LoRA rollouts decode with the adapters apart, as before
-:func:`hoprl.training.lora.adapters_merged`). Every variant starts from the same checkpoint, seed
-and questions.
+``-fp32``; then ``-unmerged``: LoRA rollouts decode with the adapters apart, as before
+:func:`hoprl.training.lora.adapters_merged`; ``-fp32rollouts``: rollouts decode in fp32 whatever
+training's precision, ``HOPRL_ROLLOUT_BF16=0``). Every variant starts from the same checkpoint,
+seed and questions.
 
 Reported per variant, from the job's own metrics (``step_time``, ``rollout_s``) and the worker's
 resource usage: each step's time and rollout time, the median of the steps after the first (the
@@ -63,13 +64,22 @@ def job_request(model: str, steps: int, options: dict[str, Any]) -> Any:
                       seed=0, hyperparameters=hp)  # fmt: skip
 
 
+#: this bench's own suffixes, after ``bench/rl_step.py``'s: the worker's environment they add
+ROLLOUT_SUFFIXES = {"-unmerged": (UNMERGED, "1"), "-fp32rollouts": ("HOPRL_ROLLOUT_BF16", "0")}
+
+
 def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
     """A variant name's hyperparameters and its worker's environment: ``bench/rl_step.py``'s names,
-    and ``-unmerged`` at the end of any."""
-    if name.endswith("-unmerged"):
-        options, env = split_variant(name.removesuffix("-unmerged"))
-        return options, {**env, UNMERGED: "1"}
-    return split_variant(name)
+    then any of :data:`ROLLOUT_SUFFIXES` (``lora16-micro1-nogc-bf16-fp32rollouts``)."""
+    extra: dict[str, str] = {}
+    found = True
+    while found:
+        found = False
+        for suffix, (key, value) in ROLLOUT_SUFFIXES.items():
+            if name.endswith(suffix):
+                name, extra, found = name.removesuffix(suffix), {key: value, **extra}, True
+    options, env = split_variant(name)
+    return options, {**env, **extra}
 
 
 def worker(run_id: str) -> int:
@@ -142,7 +152,9 @@ def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--model", required=True, help="a warm start that searches (an SFT checkpoint)")
-    parser.add_argument("--variants", default="full-fp32,lora16-micro1-nogc-bf16")
+    parser.add_argument(
+        "--variants", default="full-fp32,lora16-micro1-nogc-bf16,lora16-micro1-nogc-bf16-fp32rollouts"
+    )
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per variant (1st: warm-up)")
     parser.add_argument("--threads", type=int, default=2, help="the worker's torch threads")
     parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")

@@ -40,6 +40,8 @@ class HoprlSettings(BaseSettings):
     ``HOPRL_TORCH_THREADS``        torch threads of the process-wide embedder; unset = torch's
     ``HOPRL_BF16``                 force bf16 mixed precision in training on (1) or off (0);
                                    unset = on with CUDA and on CPUs with AMX
+    ``HOPRL_ROLLOUT_BF16``         bf16 autocast while the trainer's rollouts decode, on (1) or
+                                   off (0); unset = as training (``HOPRL_BF16``)
     ``HOPRL_CELERY_BROKER_URL``    the fan-out's Redis (broker and results); unset =
                                    ``redis://127.0.0.1:6379/1``, and a local pipeline runs its
                                    units in process
@@ -65,6 +67,7 @@ class HoprlSettings(BaseSettings):
     cache: Path | None = Field(None, description="the library's cache folder; unset = the XDG one")
     torch_threads: int | None = Field(None, ge=1, description="threads of the process-wide embedder")
     bf16: bool | None = Field(None, description="bf16 mixed precision in training; unset = detected")
+    rollout_bf16: bool | None = Field(None, description="bf16 while rollouts decode; unset = as training")
     celery_broker_url: str | None = Field(None, description=f"unset = {DEFAULT_BROKER_URL}, eager locally")
     fanout_timeout: float = Field(3600.0, gt=0, description="seconds a fan-out waits for its units")
     celery_eager: bool = Field(False, description="run fan-out units in the calling process")

@@ -5,7 +5,10 @@ elsewhere; ``HOPRL_BF16=0`` / ``1`` overrides the choice. Measured on SmolLM2-13
 (``python bench/precision.py``): on a 2-core CPU with AVX512-BF16 but no AMX autocast made a
 forward + backward of 4 x 720 tokens slower (26 s against 17-20 s); on a 2-core CPU with AMX it made
 it 1.91x faster and sampling 8 x 64 tokens 1.12x faster, beside one other process (2.97x and
-1.16x beside two; docs/training.md).
+1.16x beside two; docs/training.md). The trainer's rollouts decode at the same precision unless
+``HOPRL_ROLLOUT_BF16`` says otherwise (:func:`rollout_bf16`): on a CPU where autocast speeds the
+backward up but not decoding (AVX512-BF16 without AMX), training in bf16 and decoding in fp32 is
+the fastest step (``bench/rl_whole_step.py``).
 Activation checkpointing stays at TRL's default (on) on CPU too: without it a GRPO step of 8
 multi-turn episodes held 16 GB, too much next to the other services on a 24 GB machine.
 """
@@ -28,6 +31,14 @@ def bf16_mixed_precision() -> bool:
         return True
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence the guard
     return bool(amx is not None and amx())
+
+
+def rollout_bf16() -> bool:
+    """Whether the trainer's rollouts decode under bf16 autocast: ``HOPRL_ROLLOUT_BF16`` when set,
+    else as training (:func:`bf16_mixed_precision`). Either way the loss recomputes the log-probs
+    it trains on under training's precision."""
+    override = get_settings().rollout_bf16
+    return bf16_mixed_precision() if override is None else override
 
 
 def bf16_pays(tokens: int = 512, hidden: int = 576, inner: int = 1536, repeats: int = 7) -> bool:

@@ -68,7 +68,7 @@ from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
-from hoprl.training.hardware import bf16_mixed_precision
+from hoprl.training.hardware import rollout_bf16
 from hoprl.training.lora import adapters_merged
 from hoprl.training.signals import answer_tokens, answers_flat, answers_flat_share
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
@@ -95,8 +95,8 @@ class TrainingEngine(TransformersEngine):
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16) -> None:
         self._live = (model, tokenizer)
-        super().__init__(  # decodes in the trainer's precision
-            "(training model)", threads=None, max_batch=max_batch, autocast=bf16_mixed_precision()
+        super().__init__(  # decodes in the trainer's precision unless HOPRL_ROLLOUT_BF16 says otherwise
+            "(training model)", threads=None, max_batch=max_batch, autocast=rollout_bf16()
         )
 
     def load(self, path: str) -> None:

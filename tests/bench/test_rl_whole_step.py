@@ -25,6 +25,18 @@ def test_each_variant_is_make_runs_dapo_job_with_its_options() -> None:
     assert hp.recipe_config["switch_step"] == 1  # make run's: stage 2 for the second half
 
 
+def test_the_rollout_suffixes_add_to_the_step_benchs_variants() -> None:
+    assert bench.variant("lora16-micro1-nogc-bf16-fp32rollouts") == (
+        {"lora_rank": 16, "micro_batch": 1, "gradient_checkpointing": False},
+        {"HOPRL_BF16": "1", "HOPRL_ROLLOUT_BF16": "0"},
+    )
+    assert bench.variant("full-unmerged-fp32rollouts") == (
+        {},
+        {bench.UNMERGED: "1", "HOPRL_ROLLOUT_BF16": "0"},
+    )
+    assert bench.variant("full") == ({}, {})
+
+
 def test_the_bench_times_whole_steps_of_two_variants(tiny_model: str, tmp_path: Path) -> None:
     out = tmp_path / "whole.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hoprl.training.hardware import accelerator_args, bf16_mixed_precision
+from hoprl.training.hardware import accelerator_args, bf16_mixed_precision, rollout_bf16
 
 
 @pytest.mark.parametrize(("value", "expected"), [("1", True), ("on", True), ("0", False), ("false", False)])
@@ -24,3 +24,19 @@ def test_the_default_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> No
     assert bf16_mixed_precision() is True
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     assert bf16_mixed_precision() is False
+
+
+@pytest.mark.parametrize(
+    ("training", "rollouts", "expected"),
+    [("1", None, True), ("0", None, False), ("1", "0", False), ("0", "1", True)],
+)
+def test_rollouts_decode_as_training_unless_told_otherwise(
+    training: str, rollouts: str | None, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOPRL_BF16", training)
+    if rollouts is None:
+        monkeypatch.delenv("HOPRL_ROLLOUT_BF16", raising=False)
+    else:
+        monkeypatch.setenv("HOPRL_ROLLOUT_BF16", rollouts)
+    assert rollout_bf16() is expected
+    assert accelerator_args()["bf16"] is (training == "1")  # training's own precision is untouched

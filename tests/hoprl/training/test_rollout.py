@@ -75,7 +75,9 @@ def test_a_rollout_reuses_earlier_turns_and_never_a_stale_policys(tiny_model: st
     greedy = SamplingParams(max_tokens=12, temperature=0)
     turn = [{"role": "user", "content": "Who founded Acme Records, and where was its founder born? " * 3}]
     engine = TrainingEngine(model, tokenizer)
-    rollout = SimpleNamespace(opts=SimpleNamespace(torch_threads=1))  # what generating() reads
+    rollout = SimpleNamespace(
+        opts=SimpleNamespace(torch_threads=1), merge_adapters=True
+    )  # what generating() reads
 
     def decode(chat: list[dict[str, str]], on: TrainingEngine = engine) -> str:
         return on.generate([chat], greedy)[0][0].text
@@ -97,3 +99,22 @@ def test_a_rollout_reuses_earlier_turns_and_never_a_stale_policys(tiny_model: st
     with AgentRollout.generating(rollout, rebuilt, model):  # type: ignore[arg-type]
         assert fresh == decode(second, rebuilt)
     assert stale != fresh
+
+
+@pytest.mark.parametrize(("rollouts", "autocast"), [("0", False), ("1", True)])
+def test_the_training_engine_decodes_at_the_rollout_precision(
+    rollouts: str, autocast: bool, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training in bf16 (``HOPRL_BF16=1``), the engine around the training model autocasts only
+    when ``HOPRL_ROLLOUT_BF16`` lets it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hoprl.training.rollout import TrainingEngine
+
+    monkeypatch.setenv("HOPRL_BF16", "1")
+    monkeypatch.setenv("HOPRL_ROLLOUT_BF16", rollouts)
+    engine = TrainingEngine(
+        AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
+    )
+    assert engine.autocast is autocast and engine.batcher is not None
+    assert engine.batcher.autocast is autocast
