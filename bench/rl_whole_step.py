@@ -17,9 +17,11 @@ launches it) with the variant's hyperparameters and environment
 training's precision, ``HOPRL_ROLLOUT_BF16=0``). Every variant starts from the same checkpoint,
 seed and questions.
 
-Reported per variant, from the job's own metrics (``step_time``, ``rollout_s``) and the worker's
-resource usage: each step's time and rollout time, the median of the steps after the first (the
-first warms up the engine, threads and allocators; with one step, that step), and the worker's
+Reported per variant, from the job's own metrics (``step_time``, ``rollout_s``,
+``completions/mean_length``, ``searches``) and the worker's resource usage: each step's time and
+rollout time, the median of the steps after the first (the first warms up the engine, threads and
+allocators; with one step, that step), the rollouts' seconds per thousand completion tokens (the
+variants sample different episodes, and a rollout's time follows its tokens), and the worker's
 peak resident memory (``ru_maxrss`` of the process, from ``wait4``). The first variant is the
 reference of the ratios.
 """
@@ -45,6 +47,8 @@ from rl_step import split_variant  # noqa: E402  (a script beside this one)
 
 #: set in a variant's worker: LoRA rollouts decode with the adapters apart (``-unmerged``)
 UNMERGED = "HOPRL_BENCH_UNMERGED"
+#: episodes a step of ``make run``'s DAPO job rolls out (the cpu preset: 2 questions x 4)
+EPISODES = 8
 #: ``make run``'s dataset: the synthetic world, seed 0, questions of up to 2 hops
 DATASET = "synthetic:0:2"
 
@@ -121,16 +125,22 @@ def run_variant(
         if proc.returncode != 0 or run is None or run.status != "succeeded":
             tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
             raise SystemExit(f"variant {name}: the job ended {run.status if run else '?'}:\n{tail}")
-        series = {
-            key: [v for _, v in registry.metric_series(run_id, key)] for key in ("step_time", "rollout_s")
-        }
+        keys = ("step_time", "rollout_s", "completions/mean_length", "searches")
+        series = {key: [v for _, v in registry.metric_series(run_id, key)] for key in keys}
     steps_s, rollouts_s = series["step_time"], series["rollout_s"]
+    # the tokens each rollout produced: sampled ones and the retrieved text prefilled between turns
+    tokens = [round(mean * EPISODES) for mean in series["completions/mean_length"]]
     timed = slice(1, None) if len(steps_s) > 1 else slice(None)
     step_s, rollout_s = statistics.median(steps_s[timed]), statistics.median(rollouts_s[timed])
+    per_k = statistics.median(
+        1000 * s / max(n, 1) for s, n in zip(rollouts_s[timed], tokens[timed], strict=True)
+    )
     return {
         "variant": name, "steps_s": [round(s, 1) for s in steps_s],
         "rollouts_s": [round(s, 1) for s in rollouts_s], "step_s": round(step_s, 1),
         "rollout_s": round(rollout_s, 1), "loss_s": round(step_s - rollout_s, 1),
+        "completion_tokens": tokens, "rollout_s_per_1k_tokens": round(per_k, 2),
+        "searches": [round(v, 2) for v in series["searches"]],
         "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "wall_s": round(wall, 1), "threads": threads,
         "options": options, "env": env,
     }  # fmt: skip
@@ -139,12 +149,13 @@ def run_variant(
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a markdown table, the first variant the reference of ``x ref``."""
     ref = results[0]["step_s"]
-    lines = ["| variant | step s | x ref | rollouts s | rest s | peak RSS GiB | steps s |",
-             "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| variant | step s | x ref | rollouts s | s / 1k tokens | rest s | peak RSS GiB | steps s |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in results:
         steps = ", ".join(map(str, r["steps_s"]))
-        lines.append(f"| `{r['variant']}` | {r['step_s']} | {r['step_s'] / ref:.2f} | {r['rollout_s']} | "
-                     f"{r['loss_s']} | {r['peak_rss_gib']} | {steps} |")  # fmt: skip
+        cells = [f"`{r['variant']}`", r["step_s"], f"{r['step_s'] / ref:.2f}", r["rollout_s"],
+                 r["rollout_s_per_1k_tokens"], r["loss_s"], r["peak_rss_gib"], steps]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
