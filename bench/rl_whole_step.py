@@ -21,7 +21,8 @@ Reported per variant, from the job's own metrics (``step_time``, ``rollout_s``,
 ``completions/mean_length``, ``searches``) and the worker's resource usage: each step's time and
 rollout time, the median of the steps after the first (the first warms up the engine, threads and
 allocators; with one step, that step), the rollouts' seconds per thousand completion tokens (the
-variants sample different episodes, and a rollout's time follows its tokens), and the worker's
+policy's sampled tokens, as TRL counts them: retrieved text excluded; the variants sample
+different episodes, and a rollout's time follows what it samples), and the worker's
 peak resident memory (``ru_maxrss`` of the process, from ``wait4``). The first variant is the
 reference of the ratios.
 """
@@ -128,7 +129,7 @@ def run_variant(
         keys = ("step_time", "rollout_s", "completions/mean_length", "searches")
         series = {key: [v for _, v in registry.metric_series(run_id, key)] for key in keys}
     steps_s, rollouts_s = series["step_time"], series["rollout_s"]
-    # the tokens each rollout produced: sampled ones and the retrieved text prefilled between turns
+    # the tokens each rollout sampled (TRL counts the env mask's ones: the retrieved text is not)
     tokens = [round(mean * EPISODES) for mean in series["completions/mean_length"]]
     timed = slice(1, None) if len(steps_s) > 1 else slice(None)
     step_s, rollout_s = statistics.median(steps_s[timed]), statistics.median(rollouts_s[timed])

@@ -6,15 +6,17 @@ elsewhere; ``HOPRL_BF16=0`` / ``1`` overrides the choice. Measured on SmolLM2-13
 forward + backward of 4 x 720 tokens slower (26 s against 17-20 s); on a 2-core CPU with AMX it made
 it 1.91x faster and sampling 8 x 64 tokens 1.12x faster, beside one other process (2.97x and
 1.16x beside two; docs/training.md). The trainer's rollouts decode at the same precision unless
-``HOPRL_ROLLOUT_BF16`` says otherwise (:func:`rollout_bf16`): on a CPU where autocast speeds the
-backward up but not decoding (AVX512-BF16 without AMX), training in bf16 and decoding in fp32 is
-the fastest step (``bench/rl_whole_step.py``).
+``HOPRL_ROLLOUT_BF16`` says otherwise (:func:`rollout_bf16`, :func:`decoding_precision`): on a
+CPU where autocast speeds the backward up but slows decoding (AVX512-BF16 without AMX), training in
+bf16 and decoding in fp32 is the fastest step (``bench/rl_whole_step.py``).
 Activation checkpointing stays at TRL's default (on) on CPU too: without it a GRPO step of 8
 multi-turn episodes held 16 GB, too much next to the other services on a 24 GB machine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -39,6 +41,27 @@ def rollout_bf16() -> bool:
     it trains on under training's precision."""
     override = get_settings().rollout_bf16
     return bf16_mixed_precision() if override is None else override
+
+
+@contextmanager
+def decoding_precision(model: Any, autocast: bool) -> Iterator[None]:
+    """Decode ``model`` at the rollouts' precision inside the block.
+
+    A bf16 job's model is prepared by accelerate, which wraps its ``forward`` in bf16 autocast (and
+    keeps the original as ``_original_forward``): every forward autocasts, whatever the engine
+    asks. With rollouts in fp32 (``autocast`` False, :func:`rollout_bf16`) the block decodes
+    through the original forward; the wrapped one is back for the loss after it.
+    """
+    original = model.__dict__.get("_original_forward")
+    if autocast or original is None:
+        yield
+        return
+    wrapped = model.__dict__["forward"]
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = wrapped
 
 
 def bf16_pays(tokens: int = 512, hidden: int = 576, inner: int = 1536, repeats: int = 7) -> bool:

@@ -68,7 +68,7 @@ from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
-from hoprl.training.hardware import rollout_bf16
+from hoprl.training.hardware import decoding_precision, rollout_bf16
 from hoprl.training.lora import adapters_merged
 from hoprl.training.signals import answer_tokens, answers_flat, answers_flat_share
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
@@ -210,16 +210,17 @@ class AgentRollout:
 
     @contextmanager
     def generating(self, engine: TrainingEngine | VllmRolloutEngine, model: Any) -> Iterator[None]:
-        """Around a rollout: eval mode and decoding threads; vLLM's rounds with the other ranks; LoRA
-        adapters folded into the weights the transformers engine decodes with
-        (:func:`hoprl.training.lora.adapters_merged`; ``merge_adapters`` False: decoded apart)."""
+        """Around a rollout: eval mode and decoding threads; vLLM's rounds with the other ranks; for
+        the transformers engine, LoRA adapters folded into the weights it decodes with
+        (:func:`hoprl.training.lora.adapters_merged`; ``merge_adapters`` False: decoded apart) and
+        the rollouts' precision (:func:`hoprl.training.hardware.decoding_precision`)."""
         with generation_mode(model, self.opts.torch_threads):
             if isinstance(engine, VllmRolloutEngine):
                 with engine.rounds():
                     yield
             else:
                 engine.forget_prefixes()  # filled under the weights before the last optimizer step
-                with adapters_merged(model, self.merge_adapters):
+                with adapters_merged(model, self.merge_adapters), decoding_precision(model, engine.autocast):
                     yield
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:

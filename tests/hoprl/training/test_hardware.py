@@ -40,3 +40,36 @@ def test_rollouts_decode_as_training_unless_told_otherwise(
         monkeypatch.setenv("HOPRL_ROLLOUT_BF16", rollouts)
     assert rollout_bf16() is expected
     assert accelerator_args()["bf16"] is (training == "1")  # training's own precision is untouched
+
+
+def test_rollouts_in_fp32_decode_past_accelerates_autocast(tiny_model: str) -> None:
+    """accelerate wraps a bf16 job's forward in autocast; ``decoding_precision(model, False)``
+    decodes through the original forward (fp32 logits as the bare model's), and the wrapper is
+    back after it. Without it the prepared model's logits are bf16-rounded ones."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from transformers import AutoModelForCausalLM
+
+    from hoprl.training.hardware import decoding_precision
+
+    ids = torch.tensor([list(range(3, 40))])
+    bare = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    with torch.no_grad():
+        fp32 = bare(input_ids=ids).logits
+    try:
+        model = Accelerator(cpu=True, mixed_precision="bf16").prepare(
+            AutoModelForCausalLM.from_pretrained(tiny_model)
+        )
+        model.eval()
+        with torch.no_grad():
+            autocast = model(input_ids=ids).logits
+            with decoding_precision(model, autocast=False):
+                inside = model(input_ids=ids).logits
+            with decoding_precision(model, autocast=True):
+                kept = model(input_ids=ids).logits
+            after = model(input_ids=ids).logits
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert not torch.equal(autocast, fp32)  # the wrapper autocasts: the check below can fail
+    assert torch.equal(inside, fp32)
+    assert torch.equal(kept, autocast) and torch.equal(after, autocast)
