@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +57,7 @@ def test_the_bench_times_whole_steps_of_two_variants(tiny_model: str, tmp_path: 
         assert r["env"] == {"HOPRL_BF16": "0"}
         assert len(r["completion_tokens"]) == 2 and all(n > 0 for n in r["completion_tokens"])
         per_k = [1000 * s / n for s, n in zip(r["rollouts_s"], r["completion_tokens"], strict=True)]
-        assert r["rollout_s_per_1k_tokens"] == round(per_k[1], 2)
+        assert r["rollout_s_per_1k_tokens"] == pytest.approx(per_k[1], rel=0.05)  # from rounded seconds
     assert results[1]["options"] == {"lora_rank": 16, "micro_batch": 1, "gradient_checkpointing": False}
     rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
     ratio = results[1]["step_s"] / results[0]["step_s"]

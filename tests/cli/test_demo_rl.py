@@ -48,8 +48,10 @@ def test_the_defaults_are_the_demos_and_every_option_is_a_flow_parameter() -> No
 def test_bf16_is_the_users_choice_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOPRL_BF16", "0")
     monkeypatch.delenv("POLICY_DTYPE", raising=False)
+    monkeypatch.delenv("HOPRL_ROLLOUT_BF16", raising=False)
     cli.choose_precision()
     assert "POLICY_DTYPE" not in os.environ  # autocast off: the policy keeps float32
+    assert "HOPRL_ROLLOUT_BF16" not in os.environ  # and the rollouts decode as training, in fp32
     monkeypatch.setenv("HOPRL_BF16", "1")
     monkeypatch.setenv("POLICY_DTYPE", "float32")
     cli.choose_precision()
@@ -57,3 +59,20 @@ def test_bf16_is_the_users_choice_when_made(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("POLICY_DTYPE")
     cli.choose_precision()
     assert os.environ["POLICY_DTYPE"] == "bfloat16"
+
+
+@pytest.mark.parametrize(("amx", "rollouts"), [(False, "0"), (True, "1")])
+def test_where_the_probe_turns_bf16_on_rollouts_autocast_only_with_amx_or_cuda(
+    amx: bool, rollouts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hoprl.training import hardware
+
+    for name in ("HOPRL_BF16", "HOPRL_ROLLOUT_BF16", "POLICY_DTYPE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hardware, "bf16_pays", lambda: True)
+    monkeypatch.setattr(hardware, "bf16_mixed_precision", lambda: amx)
+    cli.choose_precision()
+    assert (os.environ["HOPRL_BF16"], os.environ["HOPRL_ROLLOUT_BF16"]) == ("1", rollouts)
+    monkeypatch.setenv("HOPRL_ROLLOUT_BF16", "1")
+    cli.choose_precision()
+    assert os.environ["HOPRL_ROLLOUT_BF16"] == "1"  # set by the user: kept

@@ -56,6 +56,7 @@ def test_rollouts_in_fp32_decode_past_accelerates_autocast(tiny_model: str) -> N
     bare = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     with torch.no_grad():
         fp32 = bare(input_ids=ids).logits
+    AcceleratorState._reset_state(reset_partial_state=True)  # an earlier test's fp32 trainer set it
     try:
         model = Accelerator(cpu=True, mixed_precision="bf16").prepare(
             AutoModelForCausalLM.from_pretrained(tiny_model)
