@@ -30,6 +30,7 @@ reference of the ratios.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -41,10 +42,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rl_step import split_variant  # noqa: E402  (a script beside this one)
 
 #: set in a variant's worker: LoRA rollouts decode with the adapters apart (``-unmerged``)
 UNMERGED = "HOPRL_BENCH_UNMERGED"
@@ -71,6 +68,18 @@ def job_request(model: str, steps: int, options: dict[str, Any]) -> Any:
 
 #: this bench's own suffixes, after ``bench/rl_step.py``'s: the worker's environment they add
 ROLLOUT_SUFFIXES = {"-unmerged": (UNMERGED, "1"), "-fp32rollouts": ("HOPRL_ROLLOUT_BF16", "0")}
+
+
+def split_variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``bench/rl_step.py``'s variant names, read from that script by its path: neither folder of
+    the benches goes on ``sys.path`` (bench/ holds ``train.py``, ``policy.py``, ... that would shadow
+    other modules for the rest of the process)."""
+    spec = importlib.util.spec_from_file_location("bench_rl_step", Path(__file__).with_name("rl_step.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result: tuple[dict[str, Any], dict[str, str]] = module.split_variant(name)
+    return result
 
 
 def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
