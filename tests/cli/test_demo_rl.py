@@ -45,10 +45,19 @@ def test_the_defaults_are_the_demos_and_every_option_is_a_flow_parameter() -> No
     assert cli.check(parse("--sft-steps", "0", "--from", "runs/x/checkpoint-24")) is None
 
 
-def test_bf16_is_the_users_choice_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def unset_precision(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The precision variables unset, and recorded first: ``choose_precision`` writes ``os.environ``
+    itself, and a variable monkeypatch never saw would keep its value for every later test."""
+    for name in ("HOPRL_BF16", "HOPRL_ROLLOUT_BF16", "POLICY_DTYPE"):
+        monkeypatch.setenv(name, "recorded")
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_bf16_is_the_users_choice_when_made(unset_precision: pytest.MonkeyPatch) -> None:
+    monkeypatch = unset_precision
     monkeypatch.setenv("HOPRL_BF16", "0")
-    monkeypatch.delenv("POLICY_DTYPE", raising=False)
-    monkeypatch.delenv("HOPRL_ROLLOUT_BF16", raising=False)
     cli.choose_precision()
     assert "POLICY_DTYPE" not in os.environ  # autocast off: the policy keeps float32
     assert "HOPRL_ROLLOUT_BF16" not in os.environ  # and the rollouts decode as training, in fp32
@@ -63,12 +72,11 @@ def test_bf16_is_the_users_choice_when_made(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.parametrize(("amx", "rollouts"), [(False, "0"), (True, "1")])
 def test_where_the_probe_turns_bf16_on_rollouts_autocast_only_with_amx_or_cuda(
-    amx: bool, rollouts: str, monkeypatch: pytest.MonkeyPatch
+    amx: bool, rollouts: str, unset_precision: pytest.MonkeyPatch
 ) -> None:
     from hoprl.training import hardware
 
-    for name in ("HOPRL_BF16", "HOPRL_ROLLOUT_BF16", "POLICY_DTYPE"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch = unset_precision
     monkeypatch.setattr(hardware, "bf16_pays", lambda: True)
     monkeypatch.setattr(hardware, "bf16_mixed_precision", lambda: amx)
     cli.choose_precision()
