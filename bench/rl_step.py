@@ -76,14 +76,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
 SUFFIXES = {"-bf16": ("HOPRL_BF16", "1"), "-fp32": ("HOPRL_BF16", "0"), "-trlhead": (TRL_HEAD, "1")}
 
 
-def split_variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+def split_variant(
+    name: str, suffixes: dict[str, tuple[str, str]] = SUFFIXES
+) -> tuple[dict[str, Any], dict[str, str]]:
     """A variant name's hyperparameters and its process's environment (``full-bf16`` is ``full``
-    under ``HOPRL_BF16=1``); SystemExit for a name that is none."""
+    under ``HOPRL_BF16=1``); SystemExit for a name that is none. ``suffixes``: another bench's
+    (``bench/rl_whole_step.py`` adds its own to these)."""
     env: dict[str, str] = {}
     found = True
     while found:
         found = False
-        for suffix, (key, value) in SUFFIXES.items():
+        for suffix, (key, value) in suffixes.items():
             if name.endswith(suffix):
                 name, env, found = name[: -len(suffix)], {key: value, **env}, True
     if name not in VARIANTS:

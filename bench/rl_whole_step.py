@@ -70,30 +70,21 @@ def job_request(model: str, steps: int, options: dict[str, Any]) -> Any:
 ROLLOUT_SUFFIXES = {"-unmerged": (UNMERGED, "1"), "-fp32rollouts": ("HOPRL_ROLLOUT_BF16", "0")}
 
 
-def split_variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """``bench/rl_step.py``'s variant names, read from that script by its path: neither folder of
-    the benches goes on ``sys.path`` (bench/ holds ``train.py``, ``policy.py``, ... that would shadow
-    other modules for the rest of the process)."""
+def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A variant name's hyperparameters and its worker's environment: ``bench/rl_step.py``'s names
+    and suffixes, and :data:`ROLLOUT_SUFFIXES` (``lora16-micro1-nogc-bf16-fp32rollouts``).
+
+    That script is read by its path: neither folder of the benches goes on ``sys.path`` (bench/
+    holds ``train.py``, ``policy.py``, ... that would shadow other modules for the rest of the
+    process)."""
     spec = importlib.util.spec_from_file_location("bench_rl_step", Path(__file__).with_name("rl_step.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    result: tuple[dict[str, Any], dict[str, str]] = module.split_variant(name)
+    result: tuple[dict[str, Any], dict[str, str]] = module.split_variant(
+        name, {**module.SUFFIXES, **ROLLOUT_SUFFIXES}
+    )
     return result
-
-
-def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """A variant name's hyperparameters and its worker's environment: ``bench/rl_step.py``'s names,
-    then any of :data:`ROLLOUT_SUFFIXES` (``lora16-micro1-nogc-bf16-fp32rollouts``)."""
-    extra: dict[str, str] = {}
-    found = True
-    while found:
-        found = False
-        for suffix, (key, value) in ROLLOUT_SUFFIXES.items():
-            if name.endswith(suffix):
-                name, extra, found = name.removesuffix(suffix), {key: value, **extra}, True
-    options, env = split_variant(name)
-    return options, {**env, **extra}
 
 
 def worker(run_id: str) -> int:
