@@ -122,13 +122,13 @@ def test_the_worker_command(settings: TrainerSettings) -> None:
     assert "--multi_gpu" not in zero3
 
 
-def wait(predicate: Any, timeout: float, what: str) -> Any:
+def wait(predicate: Any, timeout: float, what: str, every: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
@@ -139,11 +139,16 @@ def test_a_two_process_job_trains_resumes_after_kill_and_ends_with_identical_wei
     with LocalServer(create_app(settings)) as server, TrainerClient(server.url) as client:
         run_id = client.submit(job(tiny_model, data, collection, processes=2)).id
         folder = settings.runs_dir / run_id
-        # the first checkpoint is complete (rank 0 wrote its state file last)
-        wait(lambda: (folder / "checkpoint-2" / "hoprl_state.json").is_file(), 400, "checkpoint-2")
-        first = int((folder / "worker.pid").read_text())
+        # the first checkpoint is complete (rank 0 wrote its state file last); a step of the tiny
+        # model takes about half a second, so the ranks are frozen at once: otherwise the first
+        # attempt can reach checkpoint-4 before the kill and the second has nothing to resume
+        wait(lambda: (folder / "checkpoint-2" / "hoprl_state.json").is_file(), 400, "checkpoint-2", every=0.02)
         ranks = rank_pids(folder, run_id)
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        first = int((folder / "worker.pid").read_text())
         assert len(ranks) == 2 and first not in ranks  # torchrun's ranks, in sessions of their own
+        assert not (folder / "checkpoint-4" / "hoprl_state.json").is_file()  # frozen before step 4's
         os.kill(first, signal.SIGKILL)  # the job's launcher: the queue must stop the orphaned ranks
         wait(lambda: (folder / "worker.pid").read_text() != str(first), 60, "the queue to restart the job")
         final = wait(
