@@ -34,6 +34,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from flows.progress import AnswerProgress
 from flows.report import publish_report
 from flows.runs import registry, run_dir
 from hoprl.agent.grammar import Turn, grammar
@@ -90,9 +91,11 @@ def answer_questions(
     recipe_config: dict[str, Any] | None = None,
     corpus: bool = False,
     concurrency: int = 4,
+    label: str = "answers",
 ) -> dict[str, Any]:
-    """Ask the policy every question (``concurrency`` in flight); write the per-question rows to
-    ``out``, return the summary.
+    """Ask the policy every question (``concurrency`` in flight), logging the progress as
+    ``evaluation <label>`` lines (:class:`flows.progress.AnswerProgress`); write the per-question
+    rows to ``out``, return the summary.
     ``protocol``: ask as that paper's evaluation does (its episode, decoding, generation step);
     else ``shape``: answer in that episode (a run's own, greedy); else in the service's."""
     dataset = questions[0].dataset if questions else None
@@ -101,9 +104,10 @@ def answer_questions(
         if protocol
         else AnswerSettings(shape=shape, recipe_config=dict(recipe_config or {}))
     )
+    lines = AnswerProgress(f"evaluation {label}", len(questions))
     report = evaluate_answers(
         policy_url, retriever_url, questions, recipe, collection, repeatable=repeatable, settings=settings,
-        corpus=corpus, concurrency=concurrency,
+        corpus=corpus, concurrency=concurrency, on_answer=lines,
     )  # fmt: skip
     report["model"] = next((r["model"] for r in report["predictions"] if r.get("model")), None)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -289,6 +293,7 @@ def evaluate(
         recipe_config,
         corpus,
         concurrency,
+        label,
     )
     verdicts = judge_answers(str(out), questions, judge_url)
     retrieval = retrieval_metrics(questions, collection, retriever_url, corpus)

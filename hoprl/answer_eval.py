@@ -19,7 +19,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,8 @@ from hoprl.schemas.policy import AnswerResponse
 
 #: outcomes that end an episode by the recipe's own final action
 ENDINGS = ("answer", "refuse", "stop")
+#: what :func:`evaluate_answers` calls with each question's row as it is scored
+AnswerHook = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ async def _answer_all(
     concurrency: int,
     timeout_s: float,
     settings: AnswerSettings,
+    on_answer: AnswerHook | None = None,
 ) -> list[dict[str, Any]]:
     client = AsyncPolicyClient(url, timeout=timeout_s)
     llm = LLMClient(f"{url.rstrip('/')}/v1", "", timeout=timeout_s)  # the chat route serves its one model
@@ -225,6 +228,8 @@ async def _answer_all(
             except (ServiceError, httpx.TransportError, openai.APIError) as exc:  # a failed question
                 row = _score(question, None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
             bar.advance(task)
+            if on_answer is not None:
+                on_answer(row)
             return row
 
     with progress() as bar:
@@ -245,6 +250,7 @@ async def _answer_batches(
     timeout_s: float,
     max_steps: int | None = None,
     shape: EpisodeShape | None = None,
+    on_answer: AnswerHook | None = None,
 ) -> list[dict[str, Any]]:
     """``questions`` in chunks of ``batch_size`` through ``/v1/answer/batch``, one chunk at a time
     (the chunks, hence the lock-step rounds, depend on the questions alone)."""
@@ -265,6 +271,9 @@ async def _answer_batches(
                 except (ServiceError, httpx.TransportError) as exc:  # failed questions, not a failed run
                     rows += [_score(q, None, f"{type(exc).__name__}: {exc}", 0.0) for q in chunk]
                 bar.advance(task, len(chunk))
+                if on_answer is not None:
+                    for row in rows[-len(chunk) :]:
+                        on_answer(row)
         finally:
             await client.aclose()
     return rows
@@ -326,6 +335,7 @@ def evaluate_answers(
     batch_size: int = 16,
     settings: AnswerSettings | None = None,
     corpus: bool = False,
+    on_answer: AnswerHook | None = None,
 ) -> dict[str, Any]:
     """EM / F1 / retrieval count / latency of ``recipe`` answering ``questions[:limit]``.
 
@@ -349,6 +359,8 @@ def evaluate_answers(
         settings: the request's other fields and the generation step (an evaluation protocol's,
             :meth:`AnswerSettings.of`); default: greedy, the service's step default, no generation.
             ``repeatable`` serves only greedy settings without references or a generation step.
+        on_answer: called with each question's row as it is scored (a flow's progress lines:
+            :class:`flows.progress.AnswerProgress`; the terminal's bar is drawn either way).
 
     Returns the summary (``em``, ``f1``, ``retrieval_count``, ``latency_p50_s``, ...) with
     ``recipe``, ``collection``, ``seconds`` and per-question ``predictions``.
@@ -375,11 +387,12 @@ def evaluate_answers(
                 timeout_s,
                 settings.max_steps,
                 settings.shape,
+                on_answer,
             )
         )
     else:
         rows = asyncio.run(
-            _answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s, settings)
+            _answer_all(policy_url, sample, recipe, collection, concurrency, timeout_s, settings, on_answer)
         )
     seconds = time.perf_counter() - start
     if corpus:

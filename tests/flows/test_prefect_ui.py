@@ -278,6 +278,11 @@ def test_hoprl_pipeline_shows_each_stage_and_each_jobs_progress(
     assert re.search(r"sft job-\S+ \(warm start\) \[#{10}\] step 2/2 \(100%\), loss [\d.]+, succeeded", out)
     rl = r"(grpo|dapo|dr_grpo) job-\S+ \(segment to step 2\)"  # the objective the trainer ran
     assert re.search(rf"{rl} \[#{{10}}\] step 2/2 \(100%\), reward -?[\d.]+ ± [\d.]+, .*succeeded", out)
+    for label in ("baseline", "baseline/naive-rag", "final"):  # each evaluation's answers: its last line
+        done = (
+            rf"evaluation {label} \[#{{10}}\] 2/2 questions \(100%\), EM so far [\d.]+, (\d+ failed, )?done"
+        )
+        assert re.search(done, out), label
     flow_run = re.search(rf"Prefect UI: {ui.removesuffix('/api')}/runs/flow-run/([0-9a-f-]+)", out)
     assert flow_run, out[-3000:]
     with httpx.Client(base_url=ui, timeout=30, transport=PrefectRetries()) as api:

@@ -1,10 +1,14 @@
-"""The progress lines ``hoprl pipeline`` prints while a trainer job runs (table-driven)."""
+"""The progress lines ``hoprl pipeline`` prints while a trainer job runs and while an evaluation
+answers (table-driven)."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import pytest
 
-from flows.progress import bar, duration, progress_line
+from flows.progress import AnswerProgress, answers_line, bar, duration, progress_line
 from hoprl.schemas.trainer import Job
 
 
@@ -65,3 +69,52 @@ HEAD = "grpo job-1 (seg)"
 )  # fmt: skip
 def test_progress_line(state: Job, rate: float | None, waited: float, text: str) -> None:
     assert progress_line(state, "seg", rate, waited) == text
+
+
+@pytest.mark.parametrize(
+    ("done", "em_sum", "errors", "elapsed", "text"),
+    [
+        (0, 0.0, 0, 3.0, "evaluation sft [----------] 0/340 questions (0%)"),
+        # 34 of 340 in 85 s: 2.5 s a question, 306 left -> 765 s
+        (34, 10.0, 0, 85.0,
+         "evaluation sft [#---------] 34/340 questions (10%), EM so far 0.294, 2.50 s a question, "
+         "ETA 12 min 45 s"),
+        (170, 51.0, 2, 340.0,
+         "evaluation sft [#####-----] 170/340 questions (50%), EM so far 0.300, 2 failed, 2.00 s a question, "
+         "ETA 5 min 40 s"),
+        (340, 102.0, 0, 700.0,
+         "evaluation sft [##########] 340/340 questions (100%), EM so far 0.300, done in 11 min 40 s"),
+    ],
+)  # fmt: skip
+def test_answers_line(done: int, em_sum: float, errors: int, elapsed: float, text: str) -> None:
+    assert answers_line("evaluation sft", done, 340, em_sum, errors, elapsed) == text
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_answer_progress_logs_at_most_every_interval_and_always_the_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    log = logging.getLogger("test.answer_progress")
+    lines = AnswerProgress("evaluation final", 5, every_s=30.0, log=log, clock=clock)
+    rows: list[dict[str, Any]] = [
+        {"em": 1.0, "error": None}, {"em": 0.0, "error": None}, {"em": 0.0, "error": "ServiceError: 504"},
+        {"em": 1.0, "error": None}, {"em": 1.0, "error": None},
+    ]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger=log.name):
+        for at, row in zip([10.0, 30.0, 40.0, 50.0, 55.0], rows, strict=True):
+            clock.now = at
+            lines(row)
+    # 10 s: under 30 s since the start, quiet; 30 s: a line (2 in 30 s, 3 left); 40 and 50 s:
+    # under 30 s since that line; 55 s: the last answer
+    assert [r.getMessage() for r in caplog.records] == [
+        "evaluation final [####------] 2/5 questions (40%), EM so far 0.500, 15.00 s a question, ETA 45 s",
+        "evaluation final [##########] 5/5 questions (100%), EM so far 0.600, 1 failed, done in 55 s",
+    ]

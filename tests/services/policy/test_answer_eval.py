@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hoprl.answer_eval import AnswerSettings, evaluate_answers
@@ -60,9 +62,13 @@ def test_evaluate_answers_over_a_url_counts_failures(policy_url: str, indexed: s
 def test_a_question_the_client_gives_up_on_is_a_failed_question(policy_url: str, indexed: str) -> None:
     """A reply slower than the client waits (a loaded CPU) fails that question, not the whole run:
     200 dev questions once ended in httpx.ReadTimeout and nothing was reported."""
-    report = evaluate_answers(policy_url, indexed, QUESTIONS[:2], recipe="naive-rag", timeout_s=0.001)
+    seen: list[dict[str, Any]] = []
+    report = evaluate_answers(policy_url, indexed, QUESTIONS[:2], recipe="naive-rag", timeout_s=0.001,
+                              on_answer=seen.append)  # fmt: skip
     assert report["questions"] == 2 and report["errors"] == 2 and report["outcomes"] == {"error": 2}
     assert all("Timeout" in row["error"] for row in report["predictions"])
+    # a flow's progress lines (on_answer) count the failed questions too, each once
+    assert sorted(r["id"] for r in seen) == sorted(r["id"] for r in report["predictions"])
 
 
 def test_r2ag_answers_through_the_generation_step(policy_url: str, indexed: str) -> None:

@@ -116,13 +116,17 @@ def test_repeatable_evaluation_scores_the_same_twice(
     url, _ = served
     questions = synthetic["dev"] + synthetic["train"][:1]
 
+    seen: list[dict[str, Any]] = []
+
     def run() -> dict[str, Any]:
         return evaluate_answers(
-            url, retriever_url, questions, "search-r1", collection, repeatable=True, batch_size=2
-        )
+            url, retriever_url, questions, "search-r1", collection, repeatable=True, batch_size=2,
+            on_answer=seen.append,
+        )  # fmt: skip
 
     first, again = run(), run()
     assert first["repeatable"] and first["errors"] == 0 and first["questions"] == 5
+    assert seen == first["predictions"] + again["predictions"]  # each row once, in the batches' order
     keys = ("id", "prediction", "em", "f1", "retrievals", "queries", "outcome", "retrieved")
     assert [{k: r[k] for k in keys} for r in again["predictions"]] == [
         {k: r[k] for k in keys} for r in first["predictions"]
