@@ -115,7 +115,8 @@ def arm_signals(run_id: str) -> dict[str, list[float]]:
 def verdict(run_id: str, placebo_id: str) -> dict[str, Any]:
     """``final`` and ``placebo`` against ``sft`` (:func:`arm_row`), whether the demo's target holds
     (the RL model +:data:`MIN_GAIN` EM or more at p < :data:`ALPHA`; the placebo's difference smaller
-    and p >= :data:`ALPHA`), the headroom and each arm's training signals."""
+    and p >= :data:`ALPHA`), ``final_vs_placebo`` (the two arms paired: the same update size with
+    and without the reward), the headroom and each arm's training signals."""
     rows = {str(r.metrics.get("label")): r for r in evaluations(run_id)}
     sft = rows["sft"]
     final, placebo = arm_row(rows["final"], sft), arm_row(rows["placebo"], sft)
@@ -128,6 +129,8 @@ def verdict(run_id: str, placebo_id: str) -> dict[str, Any]:
         "sft_em": sum(warm := scored_em(sft).values()) / len(warm),
         "final": final,
         "placebo": placebo,
+        # the same update size with and without the reward: whether what RL changed came from it
+        "final_vs_placebo": arm_row(rows["final"], rows["placebo"]),
         "rl_beats_warm_start": gained,
         "placebo_not_significant": placebo_null,
         "target_met": gained and placebo_null,
@@ -136,17 +139,25 @@ def verdict(run_id: str, placebo_id: str) -> dict[str, Any]:
     }
 
 
+def verdict_columns(r: dict[str, Any]) -> str:
+    """An :func:`arm_row`'s difference, interval, p, better and worse, in the verdict's columns."""
+    ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+    return f"{r['diff']:>+9.3f}{ci:>18}{r['p']:>8.3g}{r['better']:>8}{r['worse']:>7}"
+
+
 def format_verdict(result: dict[str, Any]) -> str:
     """What ``hoprl demo-rl`` prints."""
     lines = [f"run {result['run_id']} (placebo arm: {result['placebo_run_id']})",
-             f"{'':<10}{'EM':>7}{'vs sft':>9}{'95% CI':>16}{'p':>8}{'better':>8}{'worse':>7}",
+             f"{'':<10}{'EM':>7}{'vs sft':>9}{'95% CI':>18}{'p':>8}{'better':>8}{'worse':>7}",
              f"{'sft':<10}{result['sft_em']:>7.3f}"]  # fmt: skip
     for arm in ("final", "placebo"):
         r = result[arm]
+        lines.append(f"{arm:<10}{r['em']:>7.3f}{verdict_columns(r)}")
+    if "final_vs_placebo" in result:  # verdicts written before it was added lack it
+        r = result["final_vs_placebo"]
         ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
-        lines.append(
-            f"{arm:<10}{r['em']:>7.3f}{r['diff']:>+9.3f}{ci:>16}{r['p']:>8.3g}{r['better']:>8}{r['worse']:>7}"
-        )
+        lines.append(f"final against placebo: {r['diff']:+.3f} EM, 95% CI {ci}, p {r['p']:.3g}, "
+                     f"{r['better']} better / {r['worse']} worse")  # fmt: skip
     head = result["headroom"]
     if head:
         lines.append(f"headroom of the warm start on dev: pass@1 {head.get('pass@1', 0):.3f}, "

@@ -14,7 +14,7 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import fanout
-from flows.demo_rl import MIN_GAIN, demo_rl, format_verdict, with_test_split
+from flows.demo_rl import MIN_GAIN, SIGNALS, demo_rl, format_verdict, with_test_split
 from flows.report import evaluations
 from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls
@@ -77,6 +77,10 @@ def test_the_two_arms_train_apart_from_one_warm_start(demo: dict[str, Any]) -> N
         assert [s for s, _ in reg.metric_series(run, "train/reward")] == [1, 2]
     placebo_rewards = [v for _, v in reg.metric_series("demo-placebo", "train/reward")]
     assert demo["result"]["signals"]["placebo"]["reward"] == placebo_rewards
+    # every signal the verdict carries is there for both steps of both arms (dynamic sampling's
+    # counts and answers_flat once went missing: the run did not copy them from the job)
+    for arm, signals in demo["result"]["signals"].items():
+        assert {name: len(values) for name, values in signals.items()} == dict.fromkeys(SIGNALS, 2), arm
 
 
 def test_the_three_evaluations_answer_the_same_questions(demo: dict[str, Any]) -> None:
@@ -94,7 +98,7 @@ def test_the_verdict_says_no_gain_when_nothing_changed(demo: dict[str, Any]) -> 
     right, 1 and 3 wrong, so every evaluation scores the answerable ones of those 4 alike and both
     differences are exactly 0 (p = 1): no gain, and the target not met."""
     result = demo["result"]
-    for arm in ("final", "placebo"):
+    for arm in ("final", "placebo", "final_vs_placebo"):
         row = result[arm]
         assert row["diff"] == 0.0 and row["better"] == row["worse"] == 0 and row["p"] == 1.0
         assert row["em"] == result["sft_em"]
@@ -115,3 +119,26 @@ def test_the_test_split_grows_only_for_the_synthetic_world_with_its_seed() -> No
     assert with_test_split("synthetic:3:2", 150) == "synthetic:3:2"
     assert with_test_split("synthetic", 340) == "synthetic"  # no seed to keep: as it is
     assert with_test_split("../shared/data/hotpotqa_dev.jsonl", 340) == "../shared/data/hotpotqa_dev.jsonl"
+
+
+def test_the_verdict_prints_wide_intervals_apart_and_the_arms_against_each_other() -> None:
+    """The figures of demo-rl-3d932660 (2026-11-29, seed 1, lr 1e-3): a CI of two negative bounds
+    is 16 characters and once ran into the difference before it (``-0.180[-0.236, -0.127]``)."""
+
+    def row(em: float, diff: float, ci: list[float], p: float, better: int, worse: int) -> dict[str, Any]:
+        return {"em": em, "questions": 322, "diff": diff, "ci": ci, "p": p, "better": better, "worse": worse}
+
+    result = {
+        "run_id": "demo-rl-1", "placebo_run_id": "demo-rl-1-placebo", "sft_em": 0.466,
+        "final": row(0.416, -0.050, [-0.106, 0.009], 0.104, 37, 53),
+        "placebo": row(0.286, -0.180, [-0.236, -0.127], 0.0001, 15, 73),
+        "final_vs_placebo": row(0.416, 0.130, [0.068, 0.196], 0.0003, 60, 18),
+        "headroom": {"pass@1": 0.375, "pass@k": 0.7, "k": 4.0},
+        "rl_beats_warm_start": False, "placebo_not_significant": False,
+    }  # fmt: skip
+    lines = format_verdict(result).splitlines()
+    assert lines[3] == "final       0.416   -0.050   [-0.106, 0.009]   0.104      37     53"
+    assert lines[4] == "placebo     0.286   -0.180  [-0.236, -0.127]  0.0001      15     73"
+    assert lines[5] == (
+        "final against placebo: +0.130 EM, 95% CI [0.068, 0.196], p 0.0003, 60 better / 18 worse"
+    )
