@@ -139,10 +139,14 @@ def verdict(run_id: str, placebo_id: str) -> dict[str, Any]:
     }
 
 
+def interval(r: dict[str, Any]) -> str:
+    """An :func:`arm_row`'s 95% interval, ``[-0.106, 0.009]``."""
+    return f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+
+
 def verdict_columns(r: dict[str, Any]) -> str:
     """An :func:`arm_row`'s difference, interval, p, better and worse, in the verdict's columns."""
-    ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
-    return f"{r['diff']:>+9.3f}{ci:>18}{r['p']:>8.3g}{r['better']:>8}{r['worse']:>7}"
+    return f"{r['diff']:>+9.3f}{interval(r):>18}{r['p']:>8.3g}{r['better']:>8}{r['worse']:>7}"
 
 
 def format_verdict(result: dict[str, Any]) -> str:
@@ -155,8 +159,7 @@ def format_verdict(result: dict[str, Any]) -> str:
         lines.append(f"{arm:<10}{r['em']:>7.3f}{verdict_columns(r)}")
     if "final_vs_placebo" in result:  # verdicts written before it was added lack it
         r = result["final_vs_placebo"]
-        ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
-        lines.append(f"final against placebo: {r['diff']:+.3f} EM, 95% CI {ci}, p {r['p']:.3g}, "
+        lines.append(f"final against placebo: {r['diff']:+.3f} EM, 95% CI {interval(r)}, p {r['p']:.3g}, "
                      f"{r['better']} better / {r['worse']} worse")  # fmt: skip
     head = result["headroom"]
     if head:
