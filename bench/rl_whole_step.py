@@ -14,8 +14,9 @@ launches it) with the variant's hyperparameters and environment
 (``bench/rl_step.py``'s variant names: ``full``, ``lora16-micro1-nogc``, ... with ``-bf16`` /
 ``-fp32``; then ``-unmerged``: LoRA rollouts decode with the adapters apart, as before
 :func:`hoprl.training.lora.adapters_merged`; ``-fp32rollouts``: rollouts decode in fp32 whatever
-training's precision, ``HOPRL_ROLLOUT_BF16=0``). Every variant starts from the same checkpoint,
-seed and questions.
+training's precision, ``HOPRL_ROLLOUT_BF16=0``; ``-fp32prefill`` / ``-bf16prefill``: their prompts
+prefill in fp32 / under bf16 autocast, ``HOPRL_ROLLOUT_PREFILL_BF16``, by default as training).
+Every variant starts from the same checkpoint, seed and questions.
 
 Reported per variant, from the job's own metrics (``step_time``, ``rollout_s``,
 ``completions/mean_length``, ``searches``) and the worker's resource usage: each step's time and
@@ -23,8 +24,10 @@ rollout time, the median of the steps after the first (the first warms up the en
 allocators; with one step, that step), the rollouts' seconds per thousand completion tokens (the
 policy's sampled tokens, as TRL counts them: retrieved text excluded; the variants sample
 different episodes, and a rollout's time follows what it samples), and the worker's
-peak resident memory (``ru_maxrss`` of the process, from ``wait4``). The first variant is the
-reference of the ratios.
+peak resident memory (``ru_maxrss`` of the process, from ``wait4``); and where the rollouts' time
+went (the engine's counters, ``rollout/*``): seconds of prefill (summed over the two prefill
+threads, which run beside the decode thread) and of decode steps, and the rows a decode step held
+on average. The first variant is the reference of the ratios.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 UNMERGED = "HOPRL_BENCH_UNMERGED"
 #: episodes a step of ``make run``'s DAPO job rolls out (the cpu preset: 2 questions x 4)
 EPISODES = 8
+#: the rollout engine's counters per step (:func:`hoprl.training.rollout.counter_stats`)
+ENGINE_KEYS = ("rollout/prefill_s", "rollout/prefill_tokens", "rollout/decode_s", "rollout/rows_per_step")
 #: ``make run``'s dataset: the synthetic world, seed 0, questions of up to 2 hops
 DATASET = "synthetic:0:2"
 
@@ -67,7 +72,10 @@ def job_request(model: str, steps: int, options: dict[str, Any]) -> Any:
 
 
 #: this bench's own suffixes, after ``bench/rl_step.py``'s: the worker's environment they add
-ROLLOUT_SUFFIXES = {"-unmerged": (UNMERGED, "1"), "-fp32rollouts": ("HOPRL_ROLLOUT_BF16", "0")}
+ROLLOUT_SUFFIXES = {
+    "-unmerged": (UNMERGED, "1"), "-fp32rollouts": ("HOPRL_ROLLOUT_BF16", "0"),
+    "-fp32prefill": ("HOPRL_ROLLOUT_PREFILL_BF16", "0"), "-bf16prefill": ("HOPRL_ROLLOUT_PREFILL_BF16", "1"),
+}  # fmt: skip
 
 
 def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -126,7 +134,7 @@ def run_variant(
         if proc.returncode != 0 or run is None or run.status != "succeeded":
             tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
             raise SystemExit(f"variant {name}: the job ended {run.status if run else '?'}:\n{tail}")
-        keys = ("step_time", "rollout_s", "completions/mean_length", "searches")
+        keys = ("step_time", "rollout_s", "completions/mean_length", "searches", *ENGINE_KEYS)
         series = {key: [v for _, v in registry.metric_series(run_id, key)] for key in keys}
     steps_s, rollouts_s = series["step_time"], series["rollout_s"]
     # the tokens each rollout sampled (TRL counts the env mask's ones: the retrieved text is not)
@@ -136,6 +144,8 @@ def run_variant(
     per_k = statistics.median(
         1000 * s / max(n, 1) for s, n in zip(rollouts_s[timed], tokens[timed], strict=True)
     )
+    engine = {key.removeprefix("rollout/"): round(statistics.median(series[key][timed]), 2)
+              for key in ENGINE_KEYS if series[key]}  # fmt: skip
     return {
         "variant": name, "steps_s": [round(s, 1) for s in steps_s],
         "rollouts_s": [round(s, 1) for s in rollouts_s], "step_s": round(step_s, 1),
@@ -143,19 +153,21 @@ def run_variant(
         "completion_tokens": tokens, "rollout_s_per_1k_tokens": round(per_k, 2),
         "searches": [round(v, 2) for v in series["searches"]],
         "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "wall_s": round(wall, 1), "threads": threads,
-        "options": options, "env": env,
+        "engine": engine, "options": options, "env": env,
     }  # fmt: skip
 
 
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a markdown table, the first variant the reference of ``x ref``."""
     ref = results[0]["step_s"]
-    lines = ["| variant | step s | x ref | rollouts s | s / 1k tokens | rest s | peak RSS GiB | steps s |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| variant | step s | x ref | rollouts s | s / 1k tokens | prefill s | decode s | rows a step "
+             "| rest s | peak RSS GiB | steps s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in results:
         steps = ", ".join(map(str, r["steps_s"]))
+        engine = [r.get("engine", {}).get(key, "") for key in ("prefill_s", "decode_s", "rows_per_step")]
         cells = [f"`{r['variant']}`", r["step_s"], f"{r['step_s'] / ref:.2f}", r["rollout_s"],
-                 r["rollout_s_per_1k_tokens"], r["loss_s"], r["peak_rss_gib"], steps]  # fmt: skip
+                 r["rollout_s_per_1k_tokens"], *engine, r["loss_s"], r["peak_rss_gib"], steps]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 

@@ -81,7 +81,9 @@ def choose_precision() -> None:
     took 58 s against 107 s, and vLLM answered 16 prompts of 2,200 tokens in 32 s against 83 s
     (docs/training.md, "make demo-rl"). There the rollouts decode in fp32 (``HOPRL_ROLLOUT_BF16=0``,
     unless the user has chosen): autocast speeds decoding up only with CUDA or AMX, and an RL step
-    with fp32 rollouts took 77 s against 91 s (``bench/rl_whole_step.py``)."""
+    with fp32 rollouts took 77 s against 91 s (``bench/rl_whole_step.py``). Their prompts' prefill
+    autocasts as training does (``HOPRL_ROLLOUT_PREFILL_BF16``,
+    :func:`hoprl.training.hardware.rollout_prefill_bf16`)."""
     from hoprl.training.hardware import bf16_mixed_precision, bf16_pays
 
     detected = os.environ.get("HOPRL_BF16") is None and bf16_mixed_precision()  # CUDA or AMX
@@ -93,9 +95,11 @@ def choose_precision() -> None:
         os.environ.setdefault("HOPRL_ROLLOUT_BF16", "1" if detected else "0")
     autocast = "on" if os.environ["HOPRL_BF16"] == "1" else "off"
     rollouts = "on" if os.environ.get("HOPRL_ROLLOUT_BF16", os.environ["HOPRL_BF16"]) == "1" else "off"
+    prefill = "on" if os.environ.get("HOPRL_ROLLOUT_PREFILL_BF16", os.environ["HOPRL_BF16"]) == "1" else "off"
     weights = os.environ.get("POLICY_DTYPE", "float32")
     print(f"bf16 autocast in training: {autocast} (HOPRL_BF16), in rollouts: {rollouts} "
-          f"(HOPRL_ROLLOUT_BF16); policy weights: {weights} (POLICY_DTYPE)")  # fmt: skip
+          f"(HOPRL_ROLLOUT_BF16), in their prefill: {prefill} (HOPRL_ROLLOUT_PREFILL_BF16); "
+          f"policy weights: {weights} (POLICY_DTYPE)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:

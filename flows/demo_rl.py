@@ -214,6 +214,7 @@ def demo_rl(
               "sft_steps": sft_steps, "steps": steps, "warm_start_from": warm_start_from,
               "dev_limit": dev_limit, "hyperparameters": hp, "episode": shape.model_dump(mode="json"),
               "bf16": os.environ.get("HOPRL_BF16"), "rollout_bf16": os.environ.get("HOPRL_ROLLOUT_BF16"),
+              "rollout_prefill_bf16": os.environ.get("HOPRL_ROLLOUT_PREFILL_BF16"),
               "policy_dtype": os.environ.get("POLICY_DTYPE", "float32")}  # fmt: skip
     for rid in (run_id, placebo_id):
         arm = {**config, "placebo": rid == placebo_id}

@@ -42,6 +42,8 @@ class HoprlSettings(BaseSettings):
                                    unset = on with CUDA and on CPUs with AMX
     ``HOPRL_ROLLOUT_BF16``         bf16 autocast while the trainer's rollouts decode, on (1) or
                                    off (0); unset = as training (``HOPRL_BF16``)
+    ``HOPRL_ROLLOUT_PREFILL_BF16`` bf16 autocast while the trainer's rollouts prefill their
+                                   prompts, on (1) or off (0); unset = as training
     ``HOPRL_CELERY_BROKER_URL``    the fan-out's Redis (broker and results); unset =
                                    ``redis://127.0.0.1:6379/1``, and a local pipeline runs its
                                    units in process
@@ -68,6 +70,9 @@ class HoprlSettings(BaseSettings):
     torch_threads: int | None = Field(None, ge=1, description="threads of the process-wide embedder")
     bf16: bool | None = Field(None, description="bf16 mixed precision in training; unset = detected")
     rollout_bf16: bool | None = Field(None, description="bf16 while rollouts decode; unset = as training")
+    rollout_prefill_bf16: bool | None = Field(
+        None, description="bf16 in rollouts' prefill; unset = as training"
+    )
     celery_broker_url: str | None = Field(None, description=f"unset = {DEFAULT_BROKER_URL}, eager locally")
     fanout_timeout: float = Field(3600.0, gt=0, description="seconds a fan-out waits for its units")
     celery_eager: bool = Field(False, description="run fan-out units in the calling process")

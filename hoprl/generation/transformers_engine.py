@@ -32,6 +32,9 @@ class TransformersEngine:
             decoding thread.
         prefix_cache: tokens of finished rows kept to skip re-prefilling a chat's earlier turns
             (:mod:`hoprl.generation.prefix_cache`); 0 = off.
+        prefill_autocast: prefill prompts under bf16 autocast; ``None``: as ``autocast``. Prefill is
+            matmul-bound where decoding is bound by reading the weights, and bf16 can speed the
+            one and slow the other (:mod:`hoprl.generation.decoding`).
     """
 
     constrains = True  # SamplingParams.grammar is enforced (llguidance)
@@ -39,12 +42,14 @@ class TransformersEngine:
     def __init__(
         self, path: str, dtype: str = "float32", threads: int | None = 1, max_batch: int = 16,
         autocast: bool = False, prefill_threads: int = 2, prefix_cache: int = 32768,
+        prefill_autocast: bool | None = None,
     ) -> None:  # fmt: skip
         import torch
 
         if threads is not None:  # process-wide: the policy service's process decodes and nothing else
             torch.set_num_threads(threads)
         self.dtype, self.max_batch, self.autocast = dtype, max_batch, autocast
+        self.prefill_autocast = prefill_autocast
         self.prefill_threads, self.prefix_cache = prefill_threads, prefix_cache
         self.lock = threading.Lock()  # guards the swap of model, tokenizer and batcher
         self.model: Any = None
@@ -57,22 +62,25 @@ class TransformersEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from hoprl.generation.decoding import Batcher
-
         dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        batcher = Batcher(
-            model, tokenizer, self.max_batch, self.autocast, self.prefill_threads, self.prefix_cache
-        )
+        batcher = self.batcher_for(model, tokenizer)
         with self.lock:  # new calls go to the new weights; calls in flight end on the old ones
             old, self.batcher = self.batcher, batcher
             self.model, self.tokenizer, self.model_path = model, tokenizer, path
         if old is not None:
             old.retire()
+
+    def batcher_for(self, model: Any, tokenizer: Any) -> Any:
+        """The decoding loop of ``model`` with this engine's batch, precision and cache settings."""
+        from hoprl.generation.decoding import Batcher
+
+        return Batcher(model, tokenizer, self.max_batch, self.autocast, self.prefill_threads,
+                       self.prefix_cache, self.prefill_autocast)  # fmt: skip
 
     def close(self) -> None:
         with self.lock:

@@ -8,7 +8,9 @@ it 1.91x faster and sampling 8 x 64 tokens 1.12x faster, beside one other proces
 1.16x beside two; docs/training.md). The trainer's rollouts decode at the same precision unless
 ``HOPRL_ROLLOUT_BF16`` says otherwise (:func:`rollout_bf16`, :func:`decoding_precision`): on a
 CPU where autocast speeds the backward up but slows decoding (AVX512-BF16 without AMX), training in
-bf16 and decoding in fp32 is the fastest step (``bench/rl_whole_step.py``).
+bf16 and decoding in fp32 is the fastest step (``bench/rl_whole_step.py``). Their prompts' prefill,
+matmul-bound like the training's forward, autocasts as training does unless
+``HOPRL_ROLLOUT_PREFILL_BF16`` says otherwise (:func:`rollout_prefill_bf16`).
 Activation checkpointing stays at TRL's default (on) on CPU too: without it a GRPO step of 8
 multi-turn episodes held 16 GB, too much next to the other services on a 24 GB machine.
 """
@@ -40,6 +42,15 @@ def rollout_bf16() -> bool:
     else as training (:func:`bf16_mixed_precision`). Either way the loss recomputes the log-probs
     it trains on under training's precision."""
     override = get_settings().rollout_bf16
+    return bf16_mixed_precision() if override is None else override
+
+
+def rollout_prefill_bf16() -> bool:
+    """Whether the trainer's rollouts prefill their prompts under bf16 autocast:
+    ``HOPRL_ROLLOUT_PREFILL_BF16`` when set, else as training (:func:`bf16_mixed_precision`). Where
+    autocast pays for training's forward and backward it pays for a prefill too (both multiply every
+    token by every weight), whatever it does to decoding (:mod:`hoprl.generation.decoding`)."""
+    override = get_settings().rollout_prefill_bf16
     return bf16_mixed_precision() if override is None else override
 
 

@@ -54,7 +54,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -64,11 +64,12 @@ from hoprl.agent.tokens import to_token_trajectory
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.domain import Episode, EpisodeShape, Question, ended_shares
 from hoprl.generation.chat import EngineChat
+from hoprl.generation.decoding import Counters
 from hoprl.generation.transformers_engine import TransformersEngine
 from hoprl.recipes import reward_weights
 from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
-from hoprl.training.hardware import decoding_precision, rollout_bf16
+from hoprl.training.hardware import decoding_precision, rollout_bf16, rollout_prefill_bf16
 from hoprl.training.lora import adapters_merged
 from hoprl.training.signals import answer_tokens, answers_flat, answers_flat_share
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
@@ -96,19 +97,19 @@ class TrainingEngine(TransformersEngine):
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16) -> None:
         self._live = (model, tokenizer)
         super().__init__(  # decodes in the trainer's precision unless HOPRL_ROLLOUT_BF16 says otherwise
-            "(training model)", threads=None, max_batch=max_batch, autocast=rollout_bf16()
+            "(training model)",
+            threads=None,
+            max_batch=max_batch,
+            autocast=rollout_bf16(),
+            prefill_autocast=rollout_prefill_bf16(),
         )
 
     def load(self, path: str) -> None:
-        from hoprl.generation.decoding import Batcher
-
         model, tokenizer = self._live
         tokenizer = copy.deepcopy(tokenizer)  # the engine may set a pad token; the trainer's copy stays
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        batcher = Batcher(
-            model, tokenizer, self.max_batch, self.autocast, self.prefill_threads, self.prefix_cache
-        )
+        batcher = self.batcher_for(model, tokenizer)
         with self.lock:
             old, self.batcher = self.batcher, batcher
             self.model, self.tokenizer, self.model_path = model, tokenizer, path
@@ -133,6 +134,26 @@ def generation_mode(model: Any, threads: int) -> Iterator[None]:
     finally:
         torch.set_num_threads(previous)
         model.train(was_training)
+
+
+def engine_counters(engine: Any) -> Counters | None:
+    """A copy of the transformers engine's decoding counters; ``None`` for vLLM's engine."""
+    batcher = getattr(engine, "batcher", None)
+    counters = getattr(batcher, "counters", None)
+    return None if counters is None else replace(counters)
+
+
+def counter_stats(c: Counters) -> dict[str, float]:
+    """Where one rollout's decoding time went: ``rollout/prefill_s`` (summed over the prefill
+    threads, which run beside the decode thread), ``rollout/prefill_tokens``, ``rollout/decode_s``,
+    ``rollout/decode_steps`` and ``rollout/rows_per_step`` (how full the decode steps were)."""
+    return {
+        "rollout/prefill_s": c.prefill_s,
+        "rollout/prefill_tokens": float(c.prefill_tokens),
+        "rollout/decode_s": c.decode_s,
+        "rollout/decode_steps": float(c.decode_steps),
+        "rollout/rows_per_step": c.decode_rows / c.decode_steps if c.decode_steps else 0.0,
+    }
 
 
 def episode_stats(episodes: Sequence[Episode], tokenizer: Any = None) -> dict[str, float]:
@@ -233,12 +254,16 @@ class AgentRollout:
         model = trainer.accelerator.unwrap_model(trainer.model)
         step = trainer.state.global_step + 1
         engine = self.engine_for(trainer)
+        before = engine_counters(engine)
         with self.generating(engine, model):
             episodes, questions, per, totals = asyncio.run(
                 self.collect(groups, engine, trainer, weights, step)
             )
         stats = episode_stats(episodes, trainer.processing_class)
         stats["answers_flat"] = answers_flat_share(episodes, g)
+        after = engine_counters(engine)
+        if before is not None and after is not None:
+            stats.update(counter_stats(after.since(before)))
         self.step_stats = {"rollout_s": time.perf_counter() - start, **stats}
         # Several processes: every rank rolled out its share; the step's whole set is gathered so
         # rank 0 stores it once and every rank's curriculum sees the same totals (distributed.py).

@@ -36,6 +36,10 @@ def test_the_rollout_suffixes_add_to_the_step_benchs_variants() -> None:
         {},
         {bench.UNMERGED: "1", "HOPRL_ROLLOUT_BF16": "0"},
     )
+    assert bench.variant("lora16-micro1-nogc-bf16-fp32rollouts-fp32prefill")[1] == {
+        "HOPRL_BF16": "1", "HOPRL_ROLLOUT_BF16": "0", "HOPRL_ROLLOUT_PREFILL_BF16": "0",
+    }  # fmt: skip
+    assert bench.variant("full-fp32-bf16prefill")[1] == {"HOPRL_BF16": "0", "HOPRL_ROLLOUT_PREFILL_BF16": "1"}
     assert bench.variant("full") == ({}, {})
 
 
@@ -58,7 +62,11 @@ def test_the_bench_times_whole_steps_of_two_variants(tiny_model: str, tmp_path: 
         assert len(r["completion_tokens"]) == 2 and all(n > 0 for n in r["completion_tokens"])
         per_k = [1000 * s / n for s, n in zip(r["rollouts_s"], r["completion_tokens"], strict=True)]
         assert r["rollout_s_per_1k_tokens"] == pytest.approx(per_k[1], rel=0.05)  # from rounded seconds
+        engine = r["engine"]  # the rollout engine's counters: it prefilled and decoded
+        assert engine["prefill_tokens"] > 0 and engine["prefill_s"] > 0 and engine["decode_s"] > 0
+        assert 1 <= engine["rows_per_step"] <= 8
     assert results[1]["options"] == {"lora_rank": 16, "micro_batch": 1, "gradient_checkpointing": False}
     rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
     ratio = results[1]["step_s"] / results[0]["step_s"]
     assert [row.split("|")[3].strip() for row in rows] == ["1.00", f"{ratio:.2f}"]
+    assert [row.split("|")[8].strip() for row in rows] == [str(r["engine"]["rows_per_step"]) for r in results]

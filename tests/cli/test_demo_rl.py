@@ -49,7 +49,7 @@ def test_the_defaults_are_the_demos_and_every_option_is_a_flow_parameter() -> No
 def unset_precision(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """The precision variables unset, and recorded first: ``choose_precision`` writes ``os.environ``
     itself, and a variable monkeypatch never saw would keep its value for every later test."""
-    for name in ("HOPRL_BF16", "HOPRL_ROLLOUT_BF16", "POLICY_DTYPE"):
+    for name in ("HOPRL_BF16", "HOPRL_ROLLOUT_BF16", "HOPRL_ROLLOUT_PREFILL_BF16", "POLICY_DTYPE"):
         monkeypatch.setenv(name, "recorded")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -72,7 +72,7 @@ def test_bf16_is_the_users_choice_when_made(unset_precision: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize(("amx", "rollouts"), [(False, "0"), (True, "1")])
 def test_where_the_probe_turns_bf16_on_rollouts_autocast_only_with_amx_or_cuda(
-    amx: bool, rollouts: str, unset_precision: pytest.MonkeyPatch
+    amx: bool, rollouts: str, unset_precision: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from hoprl.training import hardware
 
@@ -81,6 +81,8 @@ def test_where_the_probe_turns_bf16_on_rollouts_autocast_only_with_amx_or_cuda(
     monkeypatch.setattr(hardware, "bf16_mixed_precision", lambda: amx)
     cli.choose_precision()
     assert (os.environ["HOPRL_BF16"], os.environ["HOPRL_ROLLOUT_BF16"]) == ("1", rollouts)
+    decoding = "on" if amx else "off"  # the prefill autocasts as training does, either way
+    assert f"in rollouts: {decoding} (HOPRL_ROLLOUT_BF16), in their prefill: on" in capsys.readouterr().out
     monkeypatch.setenv("HOPRL_ROLLOUT_BF16", "1")
     cli.choose_precision()
     assert os.environ["HOPRL_ROLLOUT_BF16"] == "1"  # set by the user: kept

@@ -21,6 +21,7 @@ def test_defaults() -> None:
     config = get_settings()
     assert config.api_key is None and config.database_url is None and config.bf16 is None
     assert config.rollout_bf16 is None  # rollouts decode as training does
+    assert config.rollout_prefill_bf16 is None  # and prefill as training does
     assert config.runs_dir == Path("runs") and config.fanout_timeout == 3600.0
     assert config.broker_url == DEFAULT_BROKER_URL and config.celery_eager is False
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hoprl.training.hardware import accelerator_args, bf16_mixed_precision, rollout_bf16
+from hoprl.training.hardware import accelerator_args, bf16_mixed_precision, rollout_bf16, rollout_prefill_bf16
 
 
 @pytest.mark.parametrize(("value", "expected"), [("1", True), ("on", True), ("0", False), ("false", False)])
@@ -40,6 +40,25 @@ def test_rollouts_decode_as_training_unless_told_otherwise(
         monkeypatch.setenv("HOPRL_ROLLOUT_BF16", rollouts)
     assert rollout_bf16() is expected
     assert accelerator_args()["bf16"] is (training == "1")  # training's own precision is untouched
+
+
+@pytest.mark.parametrize(
+    ("training", "decode", "prefill", "expected"),
+    [("1", "0", None, True), ("0", None, None, False), ("1", "0", "0", False), ("0", "0", "1", True)],
+)
+def test_rollouts_prefill_as_training_whatever_they_decode_in(
+    training: str, decode: str | None, prefill: str | None, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill is matmul-bound like training: bf16 where training is (the first case: training in
+    bf16, decoding in fp32), unless ``HOPRL_ROLLOUT_PREFILL_BF16`` says otherwise."""
+    monkeypatch.setenv("HOPRL_BF16", training)
+    for name, value in (("HOPRL_ROLLOUT_BF16", decode), ("HOPRL_ROLLOUT_PREFILL_BF16", prefill)):
+        monkeypatch.setenv(name, "x")  # so that delenv restores an outer value after the test
+        if value is None:
+            monkeypatch.delenv(name)
+        else:
+            monkeypatch.setenv(name, value)
+    assert rollout_prefill_bf16() is expected
 
 
 def test_rollouts_in_fp32_decode_past_accelerates_autocast(tiny_model: str) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hoprl.domain import Episode, Step
-from hoprl.training.rollout import episode_stats
+from hoprl.generation.decoding import Counters
+from hoprl.training.rollout import counter_stats, engine_counters, episode_stats
 
 
 def episode(searches: int, retrieval_s: float, generation_s: float) -> Episode:
@@ -44,6 +45,30 @@ def test_no_episodes_give_zeros_not_an_error() -> None:
         "ended/format_error": 0.0,
         "ended/step_cap": 0.0,
     }
+
+
+def test_a_rollouts_engine_time_is_the_difference_of_two_counter_readings() -> None:
+    """4.5 s of prefill for 1,800 tokens and 12 s for 40 steps of 260 rows between two readings:
+    6.5 rows a step."""
+    before = Counters(prefill_s=1.5, prefill_tokens=200, decode_s=3.0, decode_steps=10, decode_rows=40)
+    after = Counters(prefill_s=6.0, prefill_tokens=2000, decode_s=15.0, decode_steps=50, decode_rows=300)
+    assert counter_stats(after.since(before)) == {
+        "rollout/prefill_s": 4.5, "rollout/prefill_tokens": 1800.0, "rollout/decode_s": 12.0,
+        "rollout/decode_steps": 40.0, "rollout/rows_per_step": 6.5,
+    }  # fmt: skip
+    assert counter_stats(Counters())["rollout/rows_per_step"] == 0.0  # no step: no division by zero
+
+
+def test_only_the_transformers_engine_has_counters() -> None:
+    class Batcher:
+        counters = Counters(decode_steps=3)
+
+    class Engine:
+        batcher = Batcher()
+
+    copy = engine_counters(Engine())
+    assert copy == Counters(decode_steps=3) and copy is not Batcher.counters  # a reading, not the live one
+    assert engine_counters(object()) is None  # vLLM's engine: no counters, no rollout/* stats
 
 
 def test_the_trainer_and_hoprl_reward_score_through_one_reward_loop() -> None:
@@ -118,3 +143,4 @@ def test_the_training_engine_decodes_at_the_rollout_precision(
     )
     assert engine.autocast is autocast and engine.batcher is not None
     assert engine.batcher.autocast is autocast
+    assert engine.batcher.prefill_autocast is True  # prefill autocasts as training, whatever decoding does

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -150,3 +151,44 @@ def test_a_chat_turn_reuses_the_previous_turn(engine: TransformersEngine) -> Non
         prefixes.capacity = capacity
     assert cached.text == full.text
     assert cached.logprobs == pytest.approx(full.logprobs, abs=1e-3)
+
+
+def test_counters_count_the_prompt_tokens_prefilled_and_the_rows_decoded(engine: TransformersEngine) -> None:
+    """Two samples of one prompt share its prefill (every prompt token once) and decode together:
+    the first of 8 tokens comes from the prefill, the other 7 from 7 steps of 2 rows. Asked again,
+    the prompt is a cached prefix: only its last token is computed (its logits are the point)."""
+    prompt = COUNTING + " 6, 7, 8,"
+    tokens = len(engine.encode(prompt))
+    engine.batcher.prefixes.clear()  # earlier tests' rows hold this prompt as a prefix
+    greedy = SamplingParams(max_tokens=8, temperature=0, n=2)
+    for prefilled in (tokens, 1):
+        before = replace(engine.batcher.counters)
+        rows = engine.generate([prompt], greedy)[0]
+        assert [len(g.token_ids) for g in rows] == [8, 8]
+        used = engine.batcher.counters.since(before)
+        assert (used.prefill_tokens, used.decode_steps, used.decode_rows) == (prefilled, 7, 14)
+        assert used.prefill_s > 0 and used.decode_s > 0
+
+
+def test_a_bf16_prefill_decodes_in_fp32_and_reuses_its_turns(model_path: str) -> None:
+    """``prefill_autocast`` alone: prompts prefill under bf16, the batch's cache stays in the
+    weights' fp32 (what the decode steps and the prefix cache hold), a next turn prefills only its
+    new tokens on top of an fp32 prefix, and greedy counting says what the fp32 engine says."""
+    import torch
+
+    mixed, plain = TransformersEngine(model_path, prefill_autocast=True), TransformersEngine(model_path)
+    try:
+        assert (mixed.batcher.prefill_autocast, mixed.batcher.autocast) == (True, False)
+        greedy = SamplingParams(max_tokens=12, temperature=0)
+        (first,) = mixed.generate([COUNTING], greedy)[0]
+        assert first.text == plain.generate([COUNTING], greedy)[0][0].text
+        stored = [kv for _, kv in mixed.batcher.prefixes.entries.values()]
+        assert stored and {t.dtype for layers in stored for k, v in layers for t in (k, v)} == {torch.float32}
+        turn = COUNTING + first.text + " 20,"
+        before = replace(mixed.batcher.counters)
+        (second,) = mixed.generate([turn], greedy)[0]
+        used = mixed.batcher.counters.since(before)
+        assert 0 < used.prefill_tokens < len(mixed.encode(turn)) and len(second.token_ids) == 12
+    finally:
+        mixed.close()
+        plain.close()

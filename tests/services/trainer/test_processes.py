@@ -142,7 +142,8 @@ def test_a_two_process_job_trains_resumes_after_kill_and_ends_with_identical_wei
         # the first checkpoint is complete (rank 0 wrote its state file last); a step of the tiny
         # model takes about half a second, so the ranks are frozen at once: otherwise the first
         # attempt can reach checkpoint-4 before the kill and the second has nothing to resume
-        wait(lambda: (folder / "checkpoint-2" / "hoprl_state.json").is_file(), 400, "checkpoint-2", every=0.02)
+        checkpoint_2 = folder / "checkpoint-2" / "hoprl_state.json"
+        wait(checkpoint_2.is_file, 400, "checkpoint-2", every=0.02)
         ranks = rank_pids(folder, run_id)
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
