@@ -15,7 +15,9 @@ launches it) with the variant's hyperparameters and environment
 ``-fp32``; then ``-unmerged``: LoRA rollouts decode with the adapters apart, as before
 :func:`hoprl.training.lora.adapters_merged`; ``-fp32rollouts``: rollouts decode in fp32 whatever
 training's precision, ``HOPRL_ROLLOUT_BF16=0``; ``-fp32prefill`` / ``-bf16prefill``: their prompts
-prefill in fp32 / under bf16 autocast, ``HOPRL_ROLLOUT_PREFILL_BF16``, by default as training).
+prefill in fp32 / under bf16 autocast, ``HOPRL_ROLLOUT_PREFILL_BF16``, by default as training;
+``-repeatkv``: masked decode steps repeat the key/value heads, as transformers' sdpa does, before
+:func:`hoprl.generation.attention.kernel_gqa`).
 Every variant starts from the same checkpoint, seed and questions.
 
 Reported per variant, from the job's own metrics (``step_time``, ``rollout_s``,
@@ -48,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: set in a variant's worker: LoRA rollouts decode with the adapters apart (``-unmerged``)
 UNMERGED = "HOPRL_BENCH_UNMERGED"
+#: set in a variant's worker: rollouts attend with transformers' sdpa, heads repeated (``-repeatkv``)
+REPEAT_KV = "HOPRL_BENCH_REPEAT_KV"
 #: episodes a step of ``make run``'s DAPO job rolls out (the cpu preset: 2 questions x 4)
 EPISODES = 8
 #: the rollout engine's counters per step (:func:`hoprl.training.rollout.counter_stats`)
@@ -73,7 +77,7 @@ def job_request(model: str, steps: int, options: dict[str, Any]) -> Any:
 
 #: this bench's own suffixes, after ``bench/rl_step.py``'s: the worker's environment they add
 ROLLOUT_SUFFIXES = {
-    "-unmerged": (UNMERGED, "1"), "-fp32rollouts": ("HOPRL_ROLLOUT_BF16", "0"),
+    "-unmerged": (UNMERGED, "1"), "-repeatkv": (REPEAT_KV, "1"), "-fp32rollouts": ("HOPRL_ROLLOUT_BF16", "0"),
     "-fp32prefill": ("HOPRL_ROLLOUT_PREFILL_BF16", "0"), "-bf16prefill": ("HOPRL_ROLLOUT_PREFILL_BF16", "1"),
 }  # fmt: skip
 
@@ -96,11 +100,16 @@ def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def worker(run_id: str) -> int:
-    """The trainer's worker on ``run_id``, with the LoRA rollouts unmerged when the variant says so."""
-    from hoprl.training.rollout import AgentRollout
+    """The trainer's worker on ``run_id``, with the LoRA rollouts unmerged and the heads repeated
+    when the variant says so."""
+    from contextlib import nullcontext
+
+    from hoprl.training import rollout
     from services.trainer.worker import main as work
 
-    AgentRollout.merge_adapters = os.environ.get(UNMERGED) != "1"
+    rollout.AgentRollout.merge_adapters = os.environ.get(UNMERGED) != "1"
+    if os.environ.get(REPEAT_KV) == "1":
+        rollout.kernel_gqa = lambda model: nullcontext()  # type: ignore[assignment]
     return work([run_id])
 
 

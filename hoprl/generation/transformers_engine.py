@@ -62,9 +62,12 @@ class TransformersEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from hoprl.generation.attention import use_kernel_gqa
+
         dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
+        use_kernel_gqa(model)  # the batch's decode steps attend under a padding mask
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token

@@ -63,6 +63,7 @@ from hoprl.agent.runner import run_episodes
 from hoprl.agent.tokens import to_token_trajectory
 from hoprl.clients.retriever import AsyncRetrieverClient
 from hoprl.domain import Episode, EpisodeShape, Question, ended_shares
+from hoprl.generation.attention import kernel_gqa
 from hoprl.generation.chat import EngineChat
 from hoprl.generation.decoding import Counters
 from hoprl.generation.transformers_engine import TransformersEngine
@@ -233,15 +234,21 @@ class AgentRollout:
     def generating(self, engine: TrainingEngine | VllmRolloutEngine, model: Any) -> Iterator[None]:
         """Around a rollout: eval mode and decoding threads; vLLM's rounds with the other ranks; for
         the transformers engine, LoRA adapters folded into the weights it decodes with
-        (:func:`hoprl.training.lora.adapters_merged`; ``merge_adapters`` False: decoded apart) and
-        the rollouts' precision (:func:`hoprl.training.hardware.decoding_precision`)."""
+        (:func:`hoprl.training.lora.adapters_merged`; ``merge_adapters`` False: decoded apart), the
+        rollouts' precision (:func:`hoprl.training.hardware.decoding_precision`) and grouped-query
+        attention in the kernel under the batch's padding mask
+        (:func:`hoprl.generation.attention.kernel_gqa`)."""
         with generation_mode(model, self.opts.torch_threads):
             if isinstance(engine, VllmRolloutEngine):
                 with engine.rounds():
                     yield
             else:
                 engine.forget_prefixes()  # filled under the weights before the last optimizer step
-                with adapters_merged(model, self.merge_adapters), decoding_precision(model, engine.autocast):
+                with (
+                    adapters_merged(model, self.merge_adapters),
+                    decoding_precision(model, engine.autocast),
+                    kernel_gqa(model),
+                ):
                     yield
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:

@@ -39,6 +39,7 @@ def test_the_rollout_suffixes_add_to_the_step_benchs_variants() -> None:
     assert bench.variant("lora16-micro1-nogc-bf16-fp32rollouts-fp32prefill")[1] == {
         "HOPRL_BF16": "1", "HOPRL_ROLLOUT_BF16": "0", "HOPRL_ROLLOUT_PREFILL_BF16": "0",
     }  # fmt: skip
+    assert bench.variant("full-fp32-repeatkv")[1] == {"HOPRL_BF16": "0", bench.REPEAT_KV: "1"}
     assert bench.variant("full-fp32-bf16prefill")[1] == {"HOPRL_BF16": "0", "HOPRL_ROLLOUT_PREFILL_BF16": "1"}
     assert bench.variant("full") == ({}, {})
 
