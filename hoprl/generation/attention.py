@@ -6,8 +6,8 @@ restriction); with a mask it first repeats every key and value head to the numbe
 copying the layer's whole cache. The continuous batch's decode steps always pass a mask (its rows are
 left-padded to one length), so on SmolLM2-135M (9 query heads, 3 key/value heads) each decode step
 copied every layer's cache three times over. PyTorch's CPU kernel takes ``enable_gqa`` with a mask:
-a decode step of 8 rows over 1,000 cached positions took 0.116-0.121 s against 0.203-0.210 s, with
-bit-identical logits (2026-11-29, 2-core AMD EPYC, one thread).
+a decode step of 8 rows over 1,000 cached positions took 0.120 s against 0.205 s, with identical
+logits (``python bench/decode_step.py``, 2026-11-29, 2-core AMD EPYC, one thread).
 
 :data:`NAME` is transformers' sdpa attention with that one difference, registered with transformers'
 attention and mask interfaces; :func:`kernel_gqa` switches a model to it for a block.

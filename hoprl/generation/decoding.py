@@ -25,10 +25,10 @@ step under 16 concurrent naive-rag clients; this one ~11, and its throughput at 
 Precision: ``autocast`` runs the decode steps under bf16 autocast, ``prefill_autocast`` (default:
 the same) the prompts' prefill. The two can differ because the phases are bound differently:
 prefill is a matmul over every prompt token, decoding reads every weight for one token a row. On a
-2-core AMD EPYC with AVX512-BF16 and no AMX (SmolLM2-135M, one thread, 2026-11-29) bf16 autocast
-prefilled 300 tokens in 0.38 s against 0.73 s in fp32 and decoded a step of 8 rows in 0.24 s
-against 0.11 s. A bf16 prefill's keys and values are cast to the weights' dtype before they join
-the batch, so the batch's cache keeps one dtype.
+2-core AMD EPYC with AVX512-BF16 and no AMX (SmolLM2-135M, one thread, ``bench/decode_step.py``,
+2026-11-29) bf16 autocast prefilled 300 tokens in 0.38 s against 0.73 s in fp32 and took a decode
+step of 8 rows over 1,000 positions in 0.29 s against 0.12 s. A bf16 prefill's keys and values are
+cast to the weights' dtype before they join the batch, so the batch's cache keeps one dtype.
 
 The loop counts where its time goes (:attr:`Batcher.counters`, :class:`Counters`): prefill seconds
 (summed over the prefill threads) and tokens, decode seconds, steps and rows decoded.
