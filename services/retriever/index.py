@@ -255,8 +255,9 @@ class HybridIndex:
             PointIn(
                 doc_id=d.id,
                 dense=dense[i].tolist(),
-                sparse=text_bm25.document(sparse_text(d)),
-                title_sparse=title_bm25.document(d.title),
+                # equal BM25 scores rank by the doc id's hash in every build (sparse.tie_factor)
+                sparse=text_bm25.document(sparse_text(d), key=d.id),
+                title_sparse=title_bm25.document(d.title, key=d.id),
                 payload={"doc_id": d.id, "title": d.title, "text": d.text, "metadata": d.metadata}
                 | progress.origin(checkpoint, i),
             )

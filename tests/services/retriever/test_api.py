@@ -15,6 +15,7 @@ from services.retriever.app import create_app
 from services.retriever.index import HybridIndex
 from services.retriever.routes import index_of
 from services.retriever.settings import RetrieverSettings
+from services.retriever.sparse import tie_factor
 
 from .conftest import CORPUS
 
@@ -106,6 +107,36 @@ def test_equal_scores_come_back_in_one_order(service: str, feedback: bool) -> No
     (only,) = seen
     if not feedback:  # the tie itself, broken by id
         assert [doc for doc, _ in only[:2]] == ["ansk", "velmora"] and only[0][1] == only[1][1]
+
+
+#: 40 documents that BM25 scores alike for "delta": one "delta" and one word of their own each
+TIED = [Document(id=f"tie-{i:02d}", title=f"Report {i}", text=f"delta {w}") for i, w in enumerate(
+    "amber basalt cobalt dune ember fjord garnet heath indigo jasper kelp lagoon marble nectar onyx "
+    "pumice quartz russet sable tundra umber velvet willow xenon yarrow zephyr acorn birch cedar "
+    "dahlia elm fern gorse hazel iris juniper kestrel lichen moss nettle".split()
+)]  # fmt: skip
+
+
+def test_equal_bm25_scores_rank_alike_in_every_build(service: str) -> None:
+    """Three collections of the same documents, the last ingested in reverse: the engine's own order
+    of equal scores differs between builds; the documents' tie factors (``sparse.tie_factor``) put
+    them in the order of their ids' hashes in each, so two builds of one corpus search alike.
+    (Dense scores depend on which texts share an embedding batch, so the reversed build is compared
+    by BM25 only.)"""
+    queries = ["delta", "delta amber report"]
+    builds = {"ties-a": TIED, "ties-b": TIED, "ties-c": TIED[::-1]}
+    with RetrieverClient(service) as client:
+        results = {}
+        for name, documents in builds.items():
+            client.ingest(name, documents)
+            for mode in ("sparse", "hybrid"):
+                hits = client.search(name, queries, top_k=10, mode=mode)
+                results[name, mode] = [[(h.id, round(h.score, 6)) for h in row] for row in hits]
+            client.delete(name)
+    expected = sorted((d.id for d in TIED), key=tie_factor, reverse=True)[:10]
+    assert [doc for doc, _ in results["ties-a", "sparse"][0]] == expected
+    assert results["ties-a", "sparse"] == results["ties-b", "sparse"] == results["ties-c", "sparse"]
+    assert results["ties-a", "hybrid"] == results["ties-b", "hybrid"]
 
 
 def test_filter_restricts_to_payload(service: str) -> None:
