@@ -41,8 +41,7 @@ def rollout_bf16() -> bool:
     """Whether the trainer's rollouts decode under bf16 autocast: ``HOPRL_ROLLOUT_BF16`` when set,
     else as training (:func:`bf16_mixed_precision`). Either way the loss recomputes the log-probs
     it trains on under training's precision."""
-    override = get_settings().rollout_bf16
-    return bf16_mixed_precision() if override is None else override
+    return _or_as_training(get_settings().rollout_bf16)
 
 
 def rollout_prefill_bf16() -> bool:
@@ -50,7 +49,11 @@ def rollout_prefill_bf16() -> bool:
     ``HOPRL_ROLLOUT_PREFILL_BF16`` when set, else as training (:func:`bf16_mixed_precision`). Where
     autocast pays for training's forward and backward it pays for a prefill too (both multiply every
     token by every weight), whatever it does to decoding (:mod:`hoprl.generation.decoding`)."""
-    override = get_settings().rollout_prefill_bf16
+    return _or_as_training(get_settings().rollout_prefill_bf16)
+
+
+def _or_as_training(override: bool | None) -> bool:
+    """A rollout setting: ``override`` when set, else training's :func:`bf16_mixed_precision`."""
     return bf16_mixed_precision() if override is None else override
 
 
