@@ -75,27 +75,22 @@ def check(args: argparse.Namespace) -> str | None:
 
 def choose_precision() -> None:
     """bf16 for the demo's services where it pays, unless the user has chosen: ``HOPRL_BF16``
-    (training and rollouts under autocast) and ``POLICY_DTYPE=bfloat16`` (the evaluations' vLLM
+    (training under autocast) and ``POLICY_DTYPE=bfloat16`` (the evaluations' vLLM
     weights), both on where bf16 autocast measures at least 1.3x faster here
     (:func:`hoprl.training.hardware.bf16_pays`). On the AVX512-BF16 EPYC an RL step's trainer side
     took 58 s against 107 s, and vLLM answered 16 prompts of 2,200 tokens in 32 s against 83 s
-    (docs/training.md, "make demo-rl"). There the rollouts decode in fp32 (``HOPRL_ROLLOUT_BF16=0``,
-    unless the user has chosen): autocast speeds decoding up only with CUDA or AMX, and an RL step
-    with fp32 rollouts took 77 s against 91 s (``bench/rl_whole_step.py``). Their prompts' prefill
-    autocasts as training does (``HOPRL_ROLLOUT_PREFILL_BF16``,
-    :func:`hoprl.training.hardware.rollout_prefill_bf16`)."""
-    from hoprl.training.hardware import bf16_mixed_precision, bf16_pays
+    (docs/training.md, "make demo-rl"). The rollouts decode as :func:`hoprl.training.hardware.rollout_bf16`
+    says (on a CPU in fp32, unless ``HOPRL_ROLLOUT_BF16`` is set) and prefill their prompts as
+    training does (``HOPRL_ROLLOUT_PREFILL_BF16``, :func:`hoprl.training.hardware.rollout_prefill_bf16`)."""
+    from hoprl.training.hardware import bf16_pays, rollout_bf16, rollout_prefill_bf16
 
-    detected = os.environ.get("HOPRL_BF16") is None and bf16_mixed_precision()  # CUDA or AMX
     if os.environ.get("HOPRL_BF16") is None:
         os.environ["HOPRL_BF16"] = "1" if bf16_pays() else "0"
     if os.environ["HOPRL_BF16"] == "1":
         os.environ.setdefault("POLICY_DTYPE", "bfloat16")
-        # decoding gains from autocast with CUDA or AMX only; elsewhere the rollouts decode in fp32
-        os.environ.setdefault("HOPRL_ROLLOUT_BF16", "1" if detected else "0")
     autocast = "on" if os.environ["HOPRL_BF16"] == "1" else "off"
-    rollouts = "on" if os.environ.get("HOPRL_ROLLOUT_BF16", os.environ["HOPRL_BF16"]) == "1" else "off"
-    prefill = "on" if os.environ.get("HOPRL_ROLLOUT_PREFILL_BF16", os.environ["HOPRL_BF16"]) == "1" else "off"
+    rollouts = "on" if rollout_bf16() else "off"
+    prefill = "on" if rollout_prefill_bf16() else "off"
     weights = os.environ.get("POLICY_DTYPE", "float32")
     print(f"bf16 autocast in training: {autocast} (HOPRL_BF16), in rollouts: {rollouts} "
           f"(HOPRL_ROLLOUT_BF16), in their prefill: {prefill} (HOPRL_ROLLOUT_PREFILL_BF16); "

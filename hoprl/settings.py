@@ -41,7 +41,7 @@ class HoprlSettings(BaseSettings):
     ``HOPRL_BF16``                 force bf16 mixed precision in training on (1) or off (0);
                                    unset = on with CUDA and on CPUs with AMX
     ``HOPRL_ROLLOUT_BF16``         bf16 autocast while the trainer's rollouts decode, on (1) or
-                                   off (0); unset = as training (``HOPRL_BF16``)
+                                   off (0); unset = as training with CUDA, off on a CPU
     ``HOPRL_ROLLOUT_PREFILL_BF16`` bf16 autocast while the trainer's rollouts prefill their
                                    prompts, on (1) or off (0); unset = as training
     ``HOPRL_CELERY_BROKER_URL``    the fan-out's Redis (broker and results); unset =
@@ -69,7 +69,9 @@ class HoprlSettings(BaseSettings):
     cache: Path | None = Field(None, description="the library's cache folder; unset = the XDG one")
     torch_threads: int | None = Field(None, ge=1, description="threads of the process-wide embedder")
     bf16: bool | None = Field(None, description="bf16 mixed precision in training; unset = detected")
-    rollout_bf16: bool | None = Field(None, description="bf16 while rollouts decode; unset = as training")
+    rollout_bf16: bool | None = Field(
+        None, description="bf16 while rollouts decode; unset = as training with CUDA, off on a CPU"
+    )
     rollout_prefill_bf16: bool | None = Field(
         None, description="bf16 in rollouts' prefill; unset = as training"
     )

@@ -5,10 +5,11 @@ elsewhere; ``HOPRL_BF16=0`` / ``1`` overrides the choice. Measured on SmolLM2-13
 (``python bench/precision.py``): on a 2-core CPU with AVX512-BF16 but no AMX autocast made a
 forward + backward of 4 x 720 tokens slower (26 s against 17-20 s); on a 2-core CPU with AMX it made
 it 1.91x faster and sampling 8 x 64 tokens 1.12x faster, beside one other process (2.97x and
-1.16x beside two; docs/training.md). The trainer's rollouts decode at the same precision unless
-``HOPRL_ROLLOUT_BF16`` says otherwise (:func:`rollout_bf16`, :func:`decoding_precision`): on a
-CPU where autocast speeds the backward up but slows decoding (AVX512-BF16 without AMX), training in
-bf16 and decoding in fp32 is the fastest step (``bench/rl_whole_step.py``). Their prompts' prefill,
+1.16x beside two; docs/training.md). The trainer's rollouts decode at the same precision with CUDA
+and in fp32 on a CPU unless ``HOPRL_ROLLOUT_BF16`` says otherwise (:func:`rollout_bf16`,
+:func:`decoding_precision`): on CPUs autocast speeds the backward up but slows decoding (with AMX
+too, at rollout lengths), so training in bf16 and decoding in fp32 is the fastest step
+(``bench/rl_whole_step.py``, ``bench/decode_step.py``). Their prompts' prefill,
 matmul-bound like the training's forward, autocasts as training does unless
 ``HOPRL_ROLLOUT_PREFILL_BF16`` says otherwise (:func:`rollout_prefill_bf16`).
 Activation checkpointing stays at TRL's default (on) on CPU too: without it a GRPO step of 8
@@ -39,9 +40,15 @@ def bf16_mixed_precision() -> bool:
 
 def rollout_bf16() -> bool:
     """Whether the trainer's rollouts decode under bf16 autocast: ``HOPRL_ROLLOUT_BF16`` when set,
-    else as training (:func:`bf16_mixed_precision`). Either way the loss recomputes the log-probs
-    it trains on under training's precision."""
-    return _or_as_training(get_settings().rollout_bf16)
+    else as training (:func:`bf16_mixed_precision`) with CUDA and fp32 on a CPU. A CPU decode step
+    (a few rows, each over a long cache) is bound by attention and memory rather than by matmuls,
+    and autocast made it slower on both kinds of CPU measured, with AMX too (``bench/decode_step.py``,
+    docs/training.md). Either way the loss recomputes the log-probs it trains on under training's
+    precision."""
+    override = get_settings().rollout_bf16
+    if override is not None:
+        return override
+    return torch.cuda.is_available() and bf16_mixed_precision()
 
 
 def rollout_prefill_bf16() -> bool:
@@ -49,11 +56,7 @@ def rollout_prefill_bf16() -> bool:
     ``HOPRL_ROLLOUT_PREFILL_BF16`` when set, else as training (:func:`bf16_mixed_precision`). Where
     autocast pays for training's forward and backward it pays for a prefill too (both multiply every
     token by every weight), whatever it does to decoding (:mod:`hoprl.generation.decoding`)."""
-    return _or_as_training(get_settings().rollout_prefill_bf16)
-
-
-def _or_as_training(override: bool | None) -> bool:
-    """A rollout setting: ``override`` when set, else training's :func:`bf16_mixed_precision`."""
+    override = get_settings().rollout_prefill_bf16
     return bf16_mixed_precision() if override is None else override
 
 

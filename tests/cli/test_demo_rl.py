@@ -70,19 +70,23 @@ def test_bf16_is_the_users_choice_when_made(unset_precision: pytest.MonkeyPatch)
     assert os.environ["POLICY_DTYPE"] == "bfloat16"
 
 
-@pytest.mark.parametrize(("amx", "rollouts"), [(False, "0"), (True, "1")])
-def test_where_the_probe_turns_bf16_on_rollouts_autocast_only_with_amx_or_cuda(
-    amx: bool, rollouts: str, unset_precision: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("amx", [False, True])
+def test_where_the_probe_turns_bf16_on_the_rollouts_still_decode_in_fp32_on_a_cpu(
+    amx: bool, unset_precision: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """With AMX too: a CPU decode step is slower under autocast (``hardware.rollout_bf16``)."""
+    import torch
+
     from hoprl.training import hardware
 
     monkeypatch = unset_precision
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(hardware, "bf16_pays", lambda: True)
-    monkeypatch.setattr(hardware, "bf16_mixed_precision", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     cli.choose_precision()
-    assert (os.environ["HOPRL_BF16"], os.environ["HOPRL_ROLLOUT_BF16"]) == ("1", rollouts)
-    decoding = "on" if amx else "off"  # the prefill autocasts as training does, either way
-    assert f"in rollouts: {decoding} (HOPRL_ROLLOUT_BF16), in their prefill: on" in capsys.readouterr().out
+    assert os.environ["HOPRL_BF16"] == "1" and "HOPRL_ROLLOUT_BF16" not in os.environ
+    assert "in rollouts: off (HOPRL_ROLLOUT_BF16), in their prefill: on" in capsys.readouterr().out
     monkeypatch.setenv("HOPRL_ROLLOUT_BF16", "1")
     cli.choose_precision()
+    assert "in rollouts: on (HOPRL_ROLLOUT_BF16)" in capsys.readouterr().out
     assert os.environ["HOPRL_ROLLOUT_BF16"] == "1"  # set by the user: kept

@@ -27,12 +27,20 @@ def test_the_default_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize(
-    ("training", "rollouts", "expected"),
-    [("1", None, True), ("0", None, False), ("1", "0", False), ("0", "1", True)],
+    ("cuda", "training", "rollouts", "expected"),
+    [
+        (True, "1", None, True),  # with CUDA, as training
+        (True, "0", None, False),
+        (False, "1", None, False),  # on a CPU, fp32 whatever training does
+        (False, "0", None, False),
+        (True, "1", "0", False),  # the setting decides wherever it is set
+        (False, "0", "1", True),
+    ],
 )
-def test_rollouts_decode_as_training_unless_told_otherwise(
-    training: str, rollouts: str | None, expected: bool, monkeypatch: pytest.MonkeyPatch
+def test_rollouts_decode_as_training_with_cuda_in_fp32_on_a_cpu_unless_told_otherwise(
+    cuda: bool, training: str, rollouts: str | None, expected: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setenv("HOPRL_BF16", training)
     if rollouts is None:
         monkeypatch.delenv("HOPRL_ROLLOUT_BF16", raising=False)
