@@ -109,9 +109,13 @@ SIGNALS = ("reward", "reward_std", "frac_reward_zero_std", "answers_flat", "dyna
 
 
 def arm_signals(run_id: str) -> dict[str, list[float]]:
-    """Each of :data:`SIGNALS` per RL step of ``run_id``, in step order."""
+    """Each of :data:`SIGNALS` per RL step of ``run_id``, in step order, and the share of right
+    answers per question type (``correct/<type>``: a reward that trades one type for another shows
+    there, not in the mean reward)."""
     reg = registry()
-    return {name: [v for _, v in reg.metric_series(run_id, f"train/{name}")] for name in SIGNALS}
+    latest = reg.latest_metrics(run_id)
+    by_type = sorted(k.removeprefix("train/") for k in latest if k.startswith("train/correct/"))
+    return {name: [v for _, v in reg.metric_series(run_id, f"train/{name}")] for name in (*SIGNALS, *by_type)}
 
 
 def verdict(run_id: str, placebo_id: str) -> dict[str, Any]:

@@ -77,6 +77,8 @@ def progress_line(job: Job, label: str, seconds_per_step: float | None, waited_s
     if "reward" in job.metrics and "reward_std" in job.metrics:
         parts[1] += f" ± {job.metrics['reward_std']:.3f}"
     parts += [f"{text} {job.metrics[name]:{spec}}" for name, text, spec in SIGNALS if name in job.metrics]
+    right = [f"{k[8:]} {v:.2f}" for k, v in sorted(job.metrics.items()) if k.startswith("correct/")]
+    parts += [f"right {' / '.join(right)}"] if right else []
     cut = [f"{name[6:]} {job.metrics[name]:.2f}" for name in ("ended/token_budget", "ended/format_error")
            if name in job.metrics]  # fmt: skip
     parts += [f"cut by {' / '.join(cut)}"] if cut else []

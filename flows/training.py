@@ -60,9 +60,10 @@ COPIED_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "answers_flat"
                   "grad_norm", "searches", "answer_tokens", "step_time", "rollout_s")  # fmt: skip
 #: reward components; how the episodes ended; judge counts; importance-ratio clipping; the KL to the
 #: warm start; TRL's completion lengths (and its clipped share, recomputed from the episodes); the
-#: groups dynamic sampling refilled or kept flat; where the rollouts' time went (prefill, decoding)
+#: groups dynamic sampling refilled or kept flat; where the rollouts' time went (prefill, decoding);
+#: the share of right answers per question type
 COPIED_PREFIXES = ("rewards/", "ended/", "judge/", "clip_ratio/", "warm_start_kl/", "completions/",
-                   "dynamic/", "rollout/")  # fmt: skip
+                   "dynamic/", "rollout/", "correct/")  # fmt: skip
 #: the warm start's per-step curves, copied as ``sft/<name>``
 SFT_METRICS = ("loss", "grad_norm", "mean_token_accuracy", "entropy", "learning_rate")
 #: where the headroom's sampled dev episodes are stored: apart from the greedy dev checks (their

@@ -138,7 +138,7 @@ def resolve(hp: Hyperparameters, recipe: str, objective: str | None = None) -> H
     # derived from the recipe's config with the per-step tokens the layers above settled
     fill(recipe_derived_defaults(recipe, values["recipe_config"], values["max_new_tokens_per_step"]))
     fill({"beta": 0.0, "kl_estimator": "k3", "epsilon": 0.2, "dynamic_sampling": False,
-          "dynamic_sampling_signal": "answers",
+          "dynamic_sampling_signal": "answers", "flat_groups": "drop",
           "advantage": "sequence", "critic": "separate", "critic_learning_rate": 1e-5,
           "mini_batch_size": 4, "dpo_pairs": "siblings", "preference_model": False,
           "warm_start_kl": 0})  # fmt: skip

@@ -90,6 +90,12 @@ class Hyperparameters(BaseModel):
         "exact match; the default) or rewards (R2AG Eq. 6: total rewards with std > 0)",
     )
     max_resample: int = Field(3, ge=0, le=32, description="refill draws per flat group")
+    flat_groups: Literal["drop", "train"] | None = Field(
+        None,
+        description="a group still flat after its refills: drop (out of the loss and its token count, as "
+        "DAPO's Algorithm 1 and R2AG's keep only groups that pass the filter; the default) or train "
+        "(trained on whatever its other reward terms spread)",
+    )
     max_steps: int = Field(
         SHAPE_DEFAULTS["paper"].max_steps,
         ge=1,

@@ -26,10 +26,17 @@ another reward term spreads (when-to-search's r_s and r_f spread over a group of
 its advantages then teach search counts and format, nothing about the answer); or ``"rewards"``
 (R2AG Eq. 6, ``std({R_i}) > 0``: every sample scored the same, so every GRPO advantage is 0).
 When every draw is flat too, the *original* question's group is kept, so a step keeps its batch
-shape: under ``"rewards"`` its advantages are all 0 (no policy gradient; only the KL term when
-``beta > 0``); under ``"answers"`` it trains on whatever its other reward terms spread. The metrics
-``dynamic/resampled`` and ``dynamic/kept_flat`` count both cases per batch, and ``answers_flat``
-is the share of the trained groups whose answers agree, whichever the signal.
+shape, and ``flat_groups`` says what it does there. ``"drop"`` (the default) zeroes its episodes'
+loss masks (``env_mask``), so they enter neither the loss nor its token count (DAPO's
+normaliser): the step learns from the groups Eq. 11 keeps and nothing else, as DAPO's Algorithm 1,
+which samples until the batch holds only such groups, does (R2AG's Algorithm 1 alike for Eq. 6).
+``"train"`` keeps them in the loss: under ``"rewards"`` their advantages are all 0 (no policy
+gradient, but their tokens dilute DAPO's normaliser); under ``"answers"`` they train on whatever
+their other reward terms spread, which for when-to-search's all-wrong groups pays each wrong
+answer for its search count (r_a's ``-1 + b*RC``) and format: the answer tokens of wrong answers
+then take advantages that have nothing to do with the answer. The metrics ``dynamic/resampled``
+and ``dynamic/kept_flat`` count both cases per batch, and ``answers_flat`` is the share of the
+step's groups whose answers agree, whichever the signal.
 
 The refills are drawn *before* any episode runs, from an RNG keyed by the job's seed, the step
 and the batch's question ids (``random.Random(f"{seed}:resample:{step}:{ids}")``, the pattern of
@@ -72,7 +79,7 @@ from hoprl.recipes.scoring import question_columns, score
 from hoprl.training import distributed
 from hoprl.training.hardware import decoding_precision, rollout_bf16, rollout_prefill_bf16
 from hoprl.training.lora import adapters_merged
-from hoprl.training.signals import answer_tokens, answers_flat, answers_flat_share
+from hoprl.training.signals import answer_tokens, answers_flat, answers_flat_share, correct_by_type
 from hoprl.training.vllm_rollout import VllmRolloutEngine, sampling_logprobs
 
 log = logging.getLogger("hoprl.trainer")
@@ -184,6 +191,7 @@ class RolloutOptions:
     dynamic_sampling: bool = False
     dynamic_sampling_signal: Literal["answers", "rewards"] = "answers"
     max_resample: int = 3
+    flat_groups: Literal["drop", "train"] = "drop"
     concurrency: int = 16
     torch_threads: int = 1
     seed: int = 0
@@ -268,6 +276,7 @@ class AgentRollout:
             )
         stats = episode_stats(episodes, trainer.processing_class)
         stats["answers_flat"] = answers_flat_share(episodes, g)
+        stats.update(correct_by_type(episodes, [q.type for q in questions]))
         after = engine_counters(engine)
         if before is not None and after is not None:
             stats.update(counter_stats(after.since(before)))
@@ -282,6 +291,7 @@ class AgentRollout:
         if self.sink is not None and distributed.is_main():
             self.sink(step, [e for e, _, _ in everything], [p for _, p, _ in everything], self.last_totals)
         trajectories = [to_token_trajectory(e, trainer.processing_class) for e in episodes]
+        masks = [self.loss_mask(t.mask, e) for t, e in zip(trajectories, episodes, strict=True)]
         logprobs = None  # transformers: TRL recomputes the old log-probs itself
         if isinstance(engine, VllmRolloutEngine):  # vLLM's, for TRL's importance-sampling correction
             logprobs = [sampling_logprobs(t, e, trainer.processing_class) for t, e in zip(trajectories, episodes, strict=True)]  # fmt: skip # noqa: E501
@@ -289,10 +299,16 @@ class AgentRollout:
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
             "logprobs": logprobs,
-            "env_mask": [t.mask for t in trajectories],
+            "env_mask": masks,
             "episodes": episodes,
             **question_columns(questions),
         }
+
+    def loss_mask(self, mask: list[int], episode: Episode) -> list[int]:
+        """``mask`` (1 on the policy's tokens), or all 0 for an episode of a group kept flat when
+        ``flat_groups`` is ``"drop"`` (module docstring)."""
+        kept_flat = episode.meta.get("dynamic_sampling", {}).get("outcome") == "kept_flat"
+        return [0] * len(mask) if kept_flat and self.opts.flat_groups == "drop" else mask
 
     def evaluate(self, questions: Sequence[Question]) -> float:
         """Mean total reward of one greedy episode per question with the current weights (curriculum

@@ -18,15 +18,22 @@ policy's token ``entropy``, the gradient norm (``grad_norm``) and, with ``beta >
   reference model when ``beta == 0`` (DAPO), so nothing says how far the policy moved. With
   ``beta > 0`` the reference log-probs TRL computed are reused (no cost); otherwise a frozen copy
   of the starting weights scores the step's sampled tokens in a no-grad forward pass (on the first
-  ``rows`` episodes of the step, or all). Per policy token, with ``x = log πθ - log πref``:
-  ``k1 = x`` and ``k3 = exp(-x) + x - 1`` (Schulman, "Approximating KL divergence"), averaged over
-  the step's mask-1 tokens: ``warm_start_kl/k1``, ``warm_start_kl/k3``, and the forward pass's
-  seconds ``warm_start_kl/forward_s`` (0 when TRL's reference was reused).
+  ``rows`` episodes of the step that have tokens in the loss, or all; a step whose every episode
+  left the loss, dynamic sampling having dropped every group, logs no KL). Per policy token, with
+  ``x = log πθ - log πref``: ``k1 = x`` and ``k3 = exp(-x) + x - 1`` (Schulman, "Approximating
+  KL divergence"), averaged over the step's mask-1 tokens: ``warm_start_kl/k1``,
+  ``warm_start_kl/k3``, and the forward pass's seconds ``warm_start_kl/forward_s`` (0 when TRL's
+  reference was reused).
 - :func:`answer_tokens`: the mean length, in tokens, of the final answers of the step's episodes.
 - **Groups that teach the reader nothing** (:func:`answers_flat`, logged as ``answers_flat``): the
   share of the step's groups whose episodes were all right or all wrong by exact match (DAPO's
   accuracy of 0 or 1). ``frac_reward_zero_std`` misses them when other reward terms spread (a
   when-to-search group of wrong answers still spreads through r_s and r_f).
+- **Right answers per question type** (:func:`correct_by_type`, logged as ``correct/<type>``):
+  the share of the step's episodes answered right, by the question's ``type`` (``bridge``,
+  ``comparison``, ...). A reward can raise one type while lowering another (a comparison's answer
+  is a name its question gives; copying a given name spreads to bridges, where it is wrong): the
+  overall reward hides such a trade, these lines show it while the job runs.
 
 >>> [round(v, 4) for v in kl_sums(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.0, -3.0]]),
 ...                                torch.tensor([[1.0, 1.0]]))]
@@ -86,6 +93,21 @@ def answers_flat_share(episodes: Sequence[Episode], group_size: int) -> float:
     """The share of the consecutive groups of ``group_size`` episodes that are :func:`answers_flat`."""
     groups = [episodes[i : i + group_size] for i in range(0, len(episodes), group_size)]
     return sum(answers_flat(g) for g in groups) / max(len(groups), 1)
+
+
+def correct_by_type(episodes: Sequence[Episode], types: Sequence[str | None]) -> dict[str, float]:
+    """``correct/<type>``: the share of ``episodes`` that are :func:`correct`, per question type
+    (``types[i]`` is episode ``i``'s; untyped questions count as ``other``).
+
+    >>> right, wrong = (Episode(recipe="r", question_id="q", question="?", answers=["Paris"],
+    ...                         final_answer=a) for a in ("Paris", "Lyon"))
+    >>> correct_by_type([right, wrong, wrong, right], ["bridge", "bridge", "comparison", None])
+    {'correct/bridge': 0.5, 'correct/comparison': 0.0, 'correct/other': 1.0}
+    """
+    tally: dict[str, list[bool]] = {}
+    for episode, kind in zip(episodes, types, strict=True):
+        tally.setdefault(f"correct/{kind or 'other'}", []).append(correct(episode))
+    return {name: sum(hits) / len(hits) for name, hits in tally.items()}
 
 
 def completion_metrics(clipped: Sequence[bool], lengths: Sequence[float]) -> dict[str, float]:
@@ -161,10 +183,15 @@ class WarmStartKL:
         add_fused_lm_head(self.frozen, temperature=trainer.temperature, cast_lm_head_to_fp32=fp32_head)
         self.frozen = trainer.accelerator.prepare_model(self.frozen, evaluation_mode=True)
 
+    def scored_rows(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The first :attr:`rows` episodes of the step that have tokens in the loss (a group that
+        dynamic sampling dropped has none: :mod:`hoprl.training.rollout`), as row indices."""
+        rows = torch.nonzero(loss_mask(inputs).sum(-1) > 0).flatten()
+        return rows[: self.rows]
+
     @torch.no_grad()
-    def reference_logps(self, trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
-        """The frozen copy's log-probs of the first :attr:`rows` episodes' completion tokens."""
-        rows = slice(None, self.rows)
+    def reference_logps(self, trainer: Any, inputs: dict[str, Any], rows: torch.Tensor) -> torch.Tensor:
+        """The frozen copy's log-probs of the completion tokens of episodes ``rows``."""
         prompt, completion = inputs["prompt_ids"][rows], inputs["completion_ids"][rows]
         ids = torch.cat([prompt, completion], dim=1)
         attention = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
@@ -181,15 +208,18 @@ def warm_start_kl(
     """The step's ``warm_start_kl/*`` (module docstring): from TRL's reference log-probs when it has
     them (``beta > 0``), else from ``measure``'s frozen copy; ``{}`` when neither is there."""
     reference = inputs.get("ref_per_token_logps")
-    seconds, rows = 0.0, policy_logps.size(0)
+    seconds, rows = 0.0, torch.arange(policy_logps.size(0), device=policy_logps.device)
     if reference is None:
         if measure is None:
             return {}
         start = time.perf_counter()
-        reference = measure.reference_logps(trainer, inputs)
-        seconds, rows = time.perf_counter() - start, reference.size(0)
-    mask = loss_mask(inputs)[:rows]
-    sums = kl_sums(policy_logps[:rows].detach(), reference, mask)
+        rows = measure.scored_rows(inputs)
+        if rows.numel() == 0:  # no episode in the loss (every group dropped): nothing to measure on
+            return {"warm_start_kl/forward_s": 0.0}
+        reference = measure.reference_logps(trainer, inputs, rows)
+        seconds = time.perf_counter() - start
+    mask = loss_mask(inputs)[rows]
+    sums = kl_sums(policy_logps[rows].detach(), reference, mask)
     totals = trainer.accelerator.reduce(torch.tensor(sums, device=mask.device), reduction="sum")
     k1, k3, tokens = totals.tolist()
     timing = {"warm_start_kl/forward_s": seconds}

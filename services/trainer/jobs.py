@@ -275,5 +275,5 @@ def rollout_options(request: JobRequest, hp: Hyperparameters, collection: str,
         shape=episode_shape(hp),
         dynamic_sampling=bool(hp.dynamic_sampling),
         dynamic_sampling_signal=hp.dynamic_sampling_signal or "answers",
-        max_resample=hp.max_resample, seed=request.seed,
+        max_resample=hp.max_resample, flat_groups=hp.flat_groups or "drop", seed=request.seed,
     )  # fmt: skip

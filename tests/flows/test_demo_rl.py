@@ -20,8 +20,10 @@ from flows.runs import registry, run_dir
 from flows.stack import ServiceUrls
 from hoprl.clients.trainer import TrainerClient
 
+#: the tiny model answers nothing right, so every group is flat: trained on (``flat_groups: train``),
+#: not dropped, so that both arms move and log every signal
 TINY_HP = {"questions_per_step": 2, "num_generations": 2, "max_steps": 2, "max_new_tokens_per_step": 8,
-           "token_budget": 64, "lora_rank": 4}  # fmt: skip
+           "token_budget": 64, "lora_rank": 4, "flat_groups": "train"}  # fmt: skip
 TEST_QUESTIONS = 4  # the scripted policy knows the first 6 of each split: 0 and 2 right, 1 and 3 wrong
 
 
@@ -78,9 +80,12 @@ def test_the_two_arms_train_apart_from_one_warm_start(demo: dict[str, Any]) -> N
     placebo_rewards = [v for _, v in reg.metric_series("demo-placebo", "train/reward")]
     assert demo["result"]["signals"]["placebo"]["reward"] == placebo_rewards
     # every signal the verdict carries is there for both steps of both arms (dynamic sampling's
-    # counts and answers_flat once went missing: the run did not copy them from the job)
+    # counts and answers_flat once went missing: the run did not copy them from the job), and the
+    # right answers per question type, for the types a step trained on (1 or 2 steps each)
     for arm, signals in demo["result"]["signals"].items():
-        assert {name: len(values) for name, values in signals.items()} == dict.fromkeys(SIGNALS, 2), arm
+        lengths = {name: len(values) for name, values in signals.items()}
+        assert {name: lengths.pop(name, 0) for name in SIGNALS} == dict.fromkeys(SIGNALS, 2), arm
+        assert lengths and all(k.startswith("correct/") and n in (1, 2) for k, n in lengths.items()), arm
 
 
 def test_the_three_evaluations_answer_the_same_questions(demo: dict[str, Any]) -> None:

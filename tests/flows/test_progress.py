@@ -65,6 +65,10 @@ HEAD = "grpo job-1 (seg)"
             "ended/token_budget": 0.125}}), None, 1.0,
          f"{HEAD} [#---------] step 1/10 (10%), reward 0.464 ± 0.712, loss 0.003, flat groups 0.50, "
          "KL to start 0.00123, clipped 0.000, answered 0.88, cut by token_budget 0.12, succeeded"),
+        # right answers per question type: 3 of 8 bridge episodes (0.375), 6 of 8 comparisons (0.75)
+        (Job.model_validate({**job(2).model_dump(), "metrics": {"reward": 0.5, "correct/comparison": 0.75,
+                                                              "correct/bridge": 0.375}}), None, 1.0,
+         f"{HEAD} [##--------] step 2/10 (20%), reward 0.500, right bridge 0.38 / comparison 0.75, 1 s in"),
     ],
 )  # fmt: skip
 def test_progress_line(state: Job, rate: float | None, waited: float, text: str) -> None:

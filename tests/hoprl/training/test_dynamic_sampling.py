@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hoprl.domain import Question
+from hoprl.domain import Episode, Question
 from hoprl.recipes.baselines import SearchR1
 from hoprl.training.rollout import AgentRollout, RolloutOptions, TrainingEngine, spread
 from tests.conftest import shape
@@ -159,3 +159,15 @@ def test_by_answers_an_unanswerable_question_is_never_a_refill(synthetic: dict[s
     assert sorted(q.id for q in plan) == sorted(q.id for q in pool[1:3])
     by_rewards = AgentRollout(SearchR1(), pool, OPTS)
     assert len(by_rewards.refills(pool[:1], 1)[0]) == 3
+
+
+@pytest.mark.parametrize("outcome", ["kept_flat", "resampled", "spread", None])
+def test_only_a_group_kept_flat_loses_its_loss_mask(outcome: str | None) -> None:
+    """``flat_groups="drop"`` (the default) zeroes the policy-token mask of a group kept flat after
+    every refill, and of no other; ``"train"`` leaves every mask as it is."""
+    meta = {} if outcome is None else {"dynamic_sampling": {"outcome": outcome, "tried": 3}}
+    episode = Episode(recipe="search-r1", question_id="q", question="?", meta=meta)
+    mask = [0, 1, 1, 0, 1]
+    dropped = AgentRollout(SearchR1(), [], OPTS).loss_mask(mask, episode)
+    assert dropped == ([0, 0, 0, 0, 0] if outcome == "kept_flat" else mask)
+    assert AgentRollout(SearchR1(), [], replace(OPTS, flat_groups="train")).loss_mask(mask, episode) == mask

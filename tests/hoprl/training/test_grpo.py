@@ -81,6 +81,8 @@ def make_trainer(
         shape=shape(max_steps=params.max_steps, max_new_tokens_per_step=params.max_new_tokens_per_step,
                     token_budget=params.token_budget, temperature=1.0),
         dynamic_sampling=bool(params.dynamic_sampling), max_resample=params.max_resample,
+        dynamic_sampling_signal=params.dynamic_sampling_signal or "answers",
+        flat_groups=params.flat_groups or "drop",
     )  # fmt: skip
     rollout = AgentRollout(recipe, questions, opts)
     config = grpo_config(params, objective, steps=steps, output_dir=str(tmp / "out"), seed=0)
@@ -182,6 +184,30 @@ def test_injected_tokens_get_no_gradient(
     assert trainer.injected_mask.sum() > 0, "no injected tokens in the batch"
     assert torch.count_nonzero(grad[trainer.injected_mask.bool()]) == 0
     assert torch.count_nonzero(grad[trainer.policy_mask.bool()]) > 0
+
+
+@pytest.mark.parametrize("flat_groups", ["drop", "train"])
+def test_groups_kept_flat_leave_the_loss_when_dropped(
+    flat_groups: str, tiny_model: str, retriever_url: str, collection: str,
+    synthetic: dict[str, list[Question]], tmp_path: Path,
+) -> None:  # fmt: skip
+    """DAPO's filter (Eq. 11, Algorithm 1) by answers, with no refill draws: the untrained model
+    answers nothing right, so both groups are flat and kept, though their rewards (generated
+    length) spread. Dropped, they leave no policy token in the loss and no gradient; trained, they
+    move the policy by their length rewards."""
+    trainer = make_trainer(tiny_model, retriever_url, collection, synthetic["train"], tmp_path,
+                           objective="dapo", steps=1, dynamic_sampling=True, max_resample=0,
+                           dynamic_sampling_signal="answers", flat_groups=flat_groups)  # fmt: skip
+    trainer.__class__ = Probe
+    trainer.train()
+    rollout = trainer.rollout_func
+    assert rollout.counts == {"resampled": 0, "kept_flat": 2}
+    assert torch.tensor(rollout.last_totals).view(2, 3).std(1).min() > 0, "rewards must spread"
+    touched = int(torch.count_nonzero(trainer.logps.grad))
+    if flat_groups == "drop":
+        assert int(trainer.policy_mask.sum()) == 0 and touched == 0
+    else:
+        assert int(trainer.policy_mask.sum()) > 0 and touched > 0
 
 
 @pytest.mark.parametrize("objective", ["dapo", "dr_grpo"])

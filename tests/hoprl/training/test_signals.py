@@ -22,10 +22,12 @@ from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.grpo import build_grpo, grpo_config
 from hoprl.training.rollout import AgentRollout, RolloutOptions, episode_stats
 from hoprl.training.signals import (
+    WarmStartKL,
     answer_tokens,
     answers_flat_share,
     completion_metrics,
     correct,
+    correct_by_type,
     kl_sums,
     replace_completion_metrics,
     warm_start_kl,
@@ -81,6 +83,20 @@ def test_the_share_of_groups_whose_answers_agree() -> None:
     groups = [ep("1961"), ep("1961."), ep("1960"), ep("no"), ep("1961"), ep("1962")]
     assert answers_flat_share(groups, 2) == pytest.approx(2 / 3)
     assert answers_flat_share(groups[4:], 2) == 0.0 and answers_flat_share([], 2) == 0.0
+
+
+def test_right_answers_per_question_type() -> None:
+    """Bridges 1 right of 3, comparisons 2 of 2, an untyped question 0 of 1: by hand, 1/3, 1, 0."""
+
+    def ep(answer: str) -> Episode:
+        return Episode(recipe="r", question_id="q", question="?", answers=["Oslo"], final_answer=answer)
+
+    episodes = [ep("Oslo"), ep("Bergen"), ep("Kolnunkro"), ep("oslo."), ep("Oslo"), ep("Paris")]
+    types = ["bridge", "bridge", "bridge", "comparison", "comparison", None]
+    assert correct_by_type(episodes, types) == {
+        "correct/bridge": pytest.approx(1 / 3), "correct/comparison": 1.0, "correct/other": 0.0,
+    }  # fmt: skip
+    assert correct_by_type([], []) == {}
 
 
 def test_episode_stats_carry_the_answer_share_and_length() -> None:
@@ -211,6 +227,8 @@ def test_two_steps_log_the_kl_to_the_warm_start_and_the_episodes_clipped_share(
     trainer = trainer_for(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, 2, 6)
     trainer.train()
     first, second = [h for h in trainer.state.log_history if "reward" in h]
+    by_type = {k for k in trainer.rollout_func.step_stats if k.startswith("correct/")}
+    assert by_type and by_type <= {f"correct/{q.type or 'other'}" for q in synthetic["train"]}
     assert first["warm_start_kl/k3"] == pytest.approx(0.0, abs=1e-6)
     assert first["warm_start_kl/k1"] == pytest.approx(0.0, abs=1e-6)
     assert second["warm_start_kl/k3"] > 1e-4
@@ -219,6 +237,19 @@ def test_two_steps_log_the_kl_to_the_warm_start_and_the_episodes_clipped_share(
         assert step["completions/mean_terminated_length"] == pytest.approx(step["completions/mean_length"])
         assert step["completions/max_terminated_length"] == step["completions/max_length"]
         assert {"frac_reward_zero_std", "clip_ratio/region_mean", "entropy", "grad_norm"} <= step.keys()
+
+
+def test_the_kl_is_measured_on_episodes_that_are_in_the_loss() -> None:
+    """Rows 0 and 2 left the loss (a dropped flat group: mask all 0); with 2 rows to score, the KL
+    takes rows 1 and 3, the first two with policy tokens; with none left, no row at all."""
+    completion = torch.ones(5, 3, dtype=torch.long)
+    tool = torch.tensor([[0, 0, 0], [1, 0, 1], [0, 0, 0], [0, 1, 1], [1, 1, 1]])
+    measure = WarmStartKL(torch.nn.Linear(1, 1), rows=2)
+    assert measure.scored_rows({"completion_mask": completion, "tool_mask": tool}).tolist() == [1, 3]
+    everything = WarmStartKL(torch.nn.Linear(1, 1), rows=None)
+    assert everything.scored_rows({"completion_mask": completion, "tool_mask": tool}).tolist() == [1, 3, 4]
+    dropped = {"completion_mask": completion, "tool_mask": torch.zeros_like(tool)}
+    assert measure.scored_rows(dropped).tolist() == []
 
 
 def test_the_cpu_preset_measures_the_kl_on_two_episodes_a_step_and_the_paper_preset_on_none() -> None:
