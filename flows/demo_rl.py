@@ -108,14 +108,21 @@ SIGNALS = ("reward", "reward_std", "frac_reward_zero_std", "answers_flat", "dyna
            "rollout_s")  # fmt: skip
 
 
-def arm_signals(run_id: str) -> dict[str, list[float]]:
+def arm_signals(run_id: str) -> dict[str, list[float | None]]:
     """Each of :data:`SIGNALS` per RL step of ``run_id``, in step order, and the share of right
     answers per question type (``correct/<type>``: a reward that trades one type for another shows
-    there, not in the mean reward)."""
+    there, not in the mean reward), aligned to the steps of ``reward``: None for a step that
+    trained on no question of that type."""
     reg = registry()
+    out: dict[str, list[float | None]] = {
+        name: [v for _, v in reg.metric_series(run_id, f"train/{name}")] for name in SIGNALS
+    }
+    steps = [step for step, _ in reg.metric_series(run_id, "train/reward")]
     latest = reg.latest_metrics(run_id)
-    by_type = sorted(k.removeprefix("train/") for k in latest if k.startswith("train/correct/"))
-    return {name: [v for _, v in reg.metric_series(run_id, f"train/{name}")] for name in (*SIGNALS, *by_type)}
+    for name in sorted(k.removeprefix("train/") for k in latest if k.startswith("train/correct/")):
+        by_step = dict(reg.metric_series(run_id, f"train/{name}"))
+        out[name] = [by_step.get(step) for step in steps]
+    return out
 
 
 def verdict(run_id: str, placebo_id: str) -> dict[str, Any]:
