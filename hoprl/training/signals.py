@@ -214,12 +214,12 @@ def warm_start_kl(
             return {}
         start = time.perf_counter()
         rows = measure.scored_rows(inputs)
-        if rows.numel() == 0:  # no episode in the loss (every group dropped): nothing to measure on
-            return {"warm_start_kl/forward_s": 0.0}
-        reference = measure.reference_logps(trainer, inputs, rows)
+        # no episode in the loss (every group dropped): no forward pass, but this rank still joins
+        # the reduce below with zero sums, or the other processes would wait on it
+        reference = measure.reference_logps(trainer, inputs, rows) if rows.numel() else None
         seconds = time.perf_counter() - start
     mask = loss_mask(inputs)[rows]
-    sums = kl_sums(policy_logps[rows].detach(), reference, mask)
+    sums = (0.0, 0.0, 0.0) if reference is None else kl_sums(policy_logps[rows].detach(), reference, mask)
     totals = trainer.accelerator.reduce(torch.tensor(sums, device=mask.device), reduction="sum")
     k1, k3, tokens = totals.tolist()
     timing = {"warm_start_kl/forward_s": seconds}
