@@ -114,10 +114,9 @@ def arm_signals(run_id: str) -> dict[str, list[float | None]]:
     there, not in the mean reward), aligned to the steps of ``reward``: None for a step that
     trained on no question of that type."""
     reg = registry()
-    out: dict[str, list[float | None]] = {
-        name: [v for _, v in reg.metric_series(run_id, f"train/{name}")] for name in SIGNALS
-    }
-    steps = [step for step, _ in reg.metric_series(run_id, "train/reward")]
+    series = {name: reg.metric_series(run_id, f"train/{name}") for name in SIGNALS}
+    out: dict[str, list[float | None]] = {name: [v for _, v in s] for name, s in series.items()}
+    steps = [step for step, _ in series["reward"]]
     latest = reg.latest_metrics(run_id)
     for name in sorted(k.removeprefix("train/") for k in latest if k.startswith("train/correct/")):
         by_step = dict(reg.metric_series(run_id, f"train/{name}"))
