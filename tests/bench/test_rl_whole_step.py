@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +59,11 @@ def test_the_bench_times_whole_steps_of_two_variants(tiny_model: str, tmp_path: 
         assert r["step_s"] == r["steps_s"][1] and r["peak_rss_gib"] > 0.1  # the step after the warm-up
         assert r["env"] == {"HOPRL_BF16": "0"}
         assert len(r["completion_tokens"]) == 2 and all(n > 0 for n in r["completion_tokens"])
-        per_k = [1000 * s / n for s, n in zip(r["rollouts_s"], r["completion_tokens"], strict=True)]
-        assert r["rollout_s_per_1k_tokens"] == pytest.approx(per_k[1], rel=0.05)  # from rounded seconds
+        # the figure comes from unrounded seconds; the listed step is rounded to 0.1 s and the
+        # figure to 0.01, so it lies within what those roundings allow (a 0.1 s rollout is +-50%)
+        seconds, tokens = r["rollouts_s"][1], r["completion_tokens"][1]
+        low, high = 1000 * (seconds - 0.05) / tokens, 1000 * (seconds + 0.05) / tokens
+        assert low - 0.005 <= r["rollout_s_per_1k_tokens"] <= high + 0.005
         engine = r["engine"]  # the rollout engine's counters: it prefilled and decoded
         assert engine["prefill_tokens"] > 0 and engine["prefill_s"] > 0 and engine["decode_s"] > 0
         assert 1 <= engine["rows_per_step"] <= 8
