@@ -104,8 +104,8 @@ def arm_row(row: Any, reference: Any) -> dict[str, Any]:
 
 #: the training signals the verdict carries per arm (the run's ``train/*`` series, docs/training.md)
 SIGNALS = ("reward", "reward_std", "frac_reward_zero_std", "answers_flat", "dynamic/resampled",
-           "dynamic/kept_flat", "warm_start_kl/k3", "entropy", "grad_norm", "searches", "step_time",
-           "rollout_s")  # fmt: skip
+           "dynamic/kept_flat", "warm_start_kl/k3", "warm_start_kl/probe_k3", "entropy", "grad_norm",
+           "searches", "step_time", "rollout_s")  # fmt: skip
 
 
 def arm_signals(run_id: str) -> dict[str, list[float | None]]:

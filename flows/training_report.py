@@ -73,7 +73,8 @@ PANELS = [
           ("train/clip_ratio/region_mean", "tokens clipped")],
          "no RL step logged"),
     Spec("RL: KL of the policy to the warm start, per token", "KL", RL,
-         [("train/warm_start_kl/k3", "k3"), ("train/warm_start_kl/k1", "k1")],
+         [("train/warm_start_kl/k3", "k3"), ("train/warm_start_kl/k1", "k1"),
+          ("train/warm_start_kl/probe_k3", "k3 on the first step's episodes (fixed probe)")],
          "not measured (beta 0 and warm_start_kl 0)"),
     Spec("How the episodes ended (share)", "share", RL,
          [(f"train/ended/{k}", f"train: {v}") for k, v in ENDED]

@@ -69,7 +69,7 @@ from hoprl.schemas.trainer import Hyperparameters
 from hoprl.training.hardware import common_args, per_process
 from hoprl.training.policy_head import loss_mask, policy_token_logps, score_compactly
 from hoprl.training.rollout import AgentRollout
-from hoprl.training.signals import WarmStartKL, replace_completion_metrics, warm_start_kl
+from hoprl.training.signals import WarmStartKL, probe_kl, replace_completion_metrics, warm_start_kl
 
 log = logging.getLogger("hoprl.trainer")
 
@@ -232,6 +232,9 @@ class HoprlGRPOTrainer(GRPOTrainer):
             mode = "train" if model.training else "eval"
             for name, value in warm_start_kl(self, inputs, self._policy_logps, self.warm_start).items():
                 self._metrics[mode][name].append(value)
+            if model.training:  # the same KL on the first step's episodes, at a step's last pass
+                for name, value in probe_kl(self, model, self.warm_start).items():
+                    self._metrics[mode][name].append(value)
         return loss
 
     def _get_per_token_logps_and_entropies(

@@ -18,12 +18,24 @@ policy's token ``entropy``, the gradient norm (``grad_norm``) and, with ``beta >
   reference model when ``beta == 0`` (DAPO), so nothing says how far the policy moved. With
   ``beta > 0`` the reference log-probs TRL computed are reused (no cost); otherwise a frozen copy
   of the starting weights scores the step's sampled tokens in a no-grad forward pass (on the first
-  ``rows`` episodes of the step that have tokens in the loss, or all; a step whose every episode
-  left the loss, dynamic sampling having dropped every group, logs no KL). Per policy token, with
+  ``rows`` episodes of each pass of the loss that have tokens in it, or all: with passes of fewer
+  than ``rows`` episodes, every episode; a step whose every episode left the loss, dynamic
+  sampling having dropped every group, logs no KL). Per policy token, with
   ``x = log πθ - log πref``: ``k1 = x`` and ``k3 = exp(-x) + x - 1`` (Schulman, "Approximating
-  KL divergence"), averaged over the step's mask-1 tokens: ``warm_start_kl/k1``,
+  KL divergence"), averaged over a pass's mask-1 tokens: ``warm_start_kl/k1``,
   ``warm_start_kl/k3``, and the forward pass's seconds ``warm_start_kl/forward_s`` (0 when TRL's
-  reference was reused).
+  reference was reused); TRL logs each as the mean over the step's passes.
+- **The same KL on a fixed probe** (:func:`probe_kl`). The KL above is measured on each step's
+  own episodes, so it moves with which episodes a step drew (0.0043, 0.0360, 0.0033 over three
+  steps of one demo arm). The first episodes the frozen copy scored in the job's first step
+  (``rows`` of them, sampled from the starting weights) are kept with their reference log-probs,
+  and at the last pass of every step (before its update) the policy scores the same tokens again:
+  ``warm_start_kl/probe_k1`` and ``probe_k3``, ``probe_tokens`` (the probe's policy tokens) and
+  ``probe_s`` (its seconds). The samples come from the starting weights, so the estimate is of
+  KL(start || policy), with ``x = log πref - log πθ`` in the same k1 and k3 (the per-step KL
+  above samples the policy, and so estimates KL(policy || start)). Two arms started from one
+  checkpoint with one seed draw the same first step, so they are measured on the same tokens. A
+  job resumed after its first step, or one with ``beta > 0``, has no probe.
 - :func:`answer_tokens`: the mean length, in tokens, of the final answers of the step's episodes.
 - **Groups that teach the reader nothing** (:func:`answers_flat`, logged as ``answers_flat``): the
   share of the step's groups whose episodes were all right or all wrong by exact match (DAPO's
@@ -45,6 +57,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -161,6 +174,18 @@ def kl_sums(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) ->
     return float((x * m).sum()), float((k3 * m).sum()), float(m.sum())
 
 
+@dataclass(frozen=True)
+class ProbeEpisode:
+    """One probe episode (:func:`probe_kl`): its token ids and attention mask (prompt, then
+    completion, as the loss scored them), the policy-token mask of its completion, and the
+    starting weights' log-probs there."""
+
+    ids: torch.Tensor
+    attention: torch.Tensor
+    mask: torch.Tensor
+    reference: torch.Tensor
+
+
 class WarmStartKL:
     """The KL of the policy to the weights its job started from, per step (module docstring).
 
@@ -177,6 +202,21 @@ class WarmStartKL:
     def __init__(self, model: Any, rows: int | None = None) -> None:
         self.frozen = copy.deepcopy(model).eval().requires_grad_(False)
         self.rows = rows
+        #: the fixed probe (:func:`probe_kl`): episodes of the first step, one row each, with the
+        #: frozen copy's log-probs of their policy tokens
+        self.probe: list[ProbeEpisode] = []
+        self.probe_step = -1  # the optimizer step the probe was last measured at
+
+    def keep(self, inputs: dict[str, Any], rows: torch.Tensor, reference: torch.Tensor) -> None:
+        """Add scored ``rows`` of a first-step pass to the probe, up to :attr:`rows` episodes
+        (``None``: every episode of the first step)."""
+        mask = loss_mask(inputs)
+        for i, row in enumerate(rows.tolist()):
+            if self.rows is not None and len(self.probe) >= self.rows:
+                return
+            ids = torch.cat([inputs["prompt_ids"][row], inputs["completion_ids"][row]]).unsqueeze(0)
+            attention = torch.cat([inputs["prompt_mask"][row], inputs["completion_mask"][row]]).unsqueeze(0)
+            self.probe.append(ProbeEpisode(ids, attention, mask[row : row + 1], reference[i : i + 1]))
 
     def prepare(self, trainer: Any) -> None:
         fp32_head = trainer.args.cast_lm_head_to_fp32
@@ -218,6 +258,8 @@ def warm_start_kl(
         # the reduce below with zero sums, or the other processes would wait on it
         reference = measure.reference_logps(trainer, inputs, rows) if rows.numel() else None
         seconds = time.perf_counter() - start
+        if reference is not None and trainer.state.global_step == 0:  # the warm start's own samples
+            measure.keep(inputs, rows, reference)
     mask = loss_mask(inputs)[rows]
     sums = (0.0, 0.0, 0.0) if reference is None else kl_sums(policy_logps[rows].detach(), reference, mask)
     totals = trainer.accelerator.reduce(torch.tensor(sums, device=mask.device), reduction="sum")
@@ -226,3 +268,34 @@ def warm_start_kl(
     if tokens == 0:
         return timing
     return {"warm_start_kl/k1": k1 / tokens, "warm_start_kl/k3": k3 / tokens, **timing}
+
+
+def probe_kl(trainer: Any, model: Any, measure: WarmStartKL | None) -> dict[str, float]:
+    """``warm_start_kl/probe_*`` (module docstring) at the last pass of each optimizer step (the one
+    that syncs the gradients; the weights are those of every pass of the step), ``{}`` at its other
+    passes: the policy ``model`` scores the probe's tokens in a no-grad pass, set against their
+    log-probs under the starting weights. Every process measures at the same calls and the sums
+    are reduced, so each process's own probe counts."""
+    step = int(trainer.state.global_step)
+    if measure is None or step == measure.probe_step or not trainer.accelerator.sync_gradients:
+        return {}
+    measure.probe_step = step
+    start = time.perf_counter()
+    sums = torch.zeros(3)
+    training = model.training
+    model.eval()  # no (LoRA) dropout: the same weights score the same tokens alike every step
+    with torch.no_grad():
+        for episode in measure.probe:
+            logps, _ = policy_token_logps(
+                model, episode.ids, episode.attention, episode.mask.size(1), episode.mask,
+                autocast=trainer.accelerator.autocast,
+            )  # fmt: skip
+            # sampled from the starting weights: x = log pi_ref - log pi_theta (KL(start || policy))
+            sums += torch.tensor(kl_sums(episode.reference, logps, episode.mask))
+    model.train(training)
+    k1, k3, tokens = trainer.accelerator.reduce(sums.to(trainer.accelerator.device), reduction="sum").tolist()
+    timing = {"warm_start_kl/probe_s": time.perf_counter() - start}
+    if tokens == 0:
+        return timing
+    return {"warm_start_kl/probe_k1": k1 / tokens, "warm_start_kl/probe_k3": k3 / tokens,
+            "warm_start_kl/probe_tokens": tokens, **timing}  # fmt: skip

@@ -84,13 +84,16 @@ def test_every_panel_has_data_and_a_single_point_shows_its_value(run_id: str) ->
 
 def test_the_kl_panel_appears_with_its_series(run_id: str) -> None:
     reg = registry()
-    reg.log_metrics(run_id, 1, {"train/warm_start_kl/k3": 0.0, "train/warm_start_kl/k1": 0.0})
-    reg.log_metrics(run_id, 2, {**STEP_1, "train/warm_start_kl/k3": 0.002, "train/warm_start_kl/k1": 0.0021})
+    reg.log_metrics(run_id, 1, {"train/warm_start_kl/k3": 0.0, "train/warm_start_kl/k1": 0.0,
+                                "train/warm_start_kl/probe_k3": 0.0})  # fmt: skip
+    reg.log_metrics(run_id, 2, {**STEP_1, "train/warm_start_kl/k3": 0.002, "train/warm_start_kl/k1": 0.0021,
+                                "train/warm_start_kl/probe_k3": 0.0015})  # fmt: skip
     fig = training_figure(run_id)
     assert fig is not None
     try:
         kl = next(ax for ax in fig.axes if ax.get_title(loc="left").startswith("RL: KL"))
-        assert points(kl) == [2, 2]  # k3 and k1, two steps each: lines, no value labels
+        assert points(kl) == [2, 2, 2]  # k3, k1 and the probe's k3, two steps each: lines, no value labels
+        assert kl.get_legend_handles_labels()[1][2] == "k3 on the first step's episodes (fixed probe)"
         assert not [t for t in fig.texts if t.get_text().startswith("Left out")]
     finally:
         plt.close(fig)

@@ -29,6 +29,7 @@ from hoprl.training.signals import (
     correct,
     correct_by_type,
     kl_sums,
+    probe_kl,
     replace_completion_metrics,
     warm_start_kl,
 )
@@ -170,10 +171,12 @@ class AnswerAtOnce(SearchR1):
 
 
 def trainer_for(tiny_model: str, retriever_url: str, collection: str, questions: list[Question], tmp: Path,
-                steps: int, rows: int, temperature: float = 1.0) -> Any:  # fmt: skip
+                steps: int, rows: int, temperature: float = 1.0,
+                micro_batch: int | None = None) -> Any:  # fmt: skip
     hp = resolve(Hyperparameters(learning_rate=1e-2, questions_per_step=2, num_generations=3, max_steps=2,
                                  max_new_tokens_per_step=12, token_budget=96, save_steps=100, beta=0.0,
-                                 temperature=temperature, warm_start_kl=rows), "search-r1")  # fmt: skip
+                                 temperature=temperature, warm_start_kl=rows, micro_batch=micro_batch),
+                 "search-r1")  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     opts = RolloutOptions(collection=collection, retriever_url=retriever_url, num_generations=3,
@@ -232,11 +235,58 @@ def test_two_steps_log_the_kl_to_the_warm_start_and_the_episodes_clipped_share(
     assert first["warm_start_kl/k3"] == pytest.approx(0.0, abs=1e-6)
     assert first["warm_start_kl/k1"] == pytest.approx(0.0, abs=1e-6)
     assert second["warm_start_kl/k3"] > 1e-4
+    # the probe: all 6 episodes of step 1 (rows 6, one pass), scored again at step 2 after the update
+    assert first["warm_start_kl/probe_k3"] == pytest.approx(0.0, abs=1e-6)
+    assert second["warm_start_kl/probe_k3"] > 1e-4
+    assert second["warm_start_kl/probe_tokens"] == first["warm_start_kl/probe_tokens"] > 0
+    assert len(trainer.warm_start.probe) == 6
     for step in (first, second):
         assert step["completions/clipped_ratio"] == 0.0
         assert step["completions/mean_terminated_length"] == pytest.approx(step["completions/mean_length"])
         assert step["completions/max_terminated_length"] == step["completions/max_length"]
         assert {"frac_reward_zero_std", "clip_ratio/region_mean", "entropy", "grad_norm"} <= step.keys()
+
+
+def test_the_probe_kl_after_one_step_by_hand(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Passes of one episode (the demo's micro_batch 1) and 2 probe rows: the probe is the first two
+    episodes of step 1 that have policy tokens, gathered over two passes. After one step (lr 1e-2)
+    its KL is recomputed by hand: a plain forward of the trained policy and of the starting weights
+    loaded afresh from disk, log-softmax over the vocabulary at temperature 0.7, each completion
+    token read from the position before it; on the policy's tokens x = log p_start - log p_policy
+    (the probe samples the start), k1 = mean x, k3 = mean (exp(-x) + x - 1)."""
+    monkeypatch.setenv("HOPRL_BF16", "0")  # fp32 on both sides, as the hand computation
+    trainer = trainer_for(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, 1, 2, 0.7, 1)
+    trainer.train()
+    probe = trainer.warm_start.probe
+    assert len(probe) == 2 and all(e.ids.size(0) == 1 and e.mask.sum() > 0 for e in probe)
+    first = next(h for h in trainer.state.log_history if "reward" in h)
+    # measured at the last pass of step 1, on the starting weights, the probe complete
+    assert first["warm_start_kl/probe_k3"] == pytest.approx(0.0, abs=1e-6)
+    assert first["warm_start_kl/probe_tokens"] == sum(float(e.mask.sum()) for e in probe)
+    got = probe_kl(trainer, trainer.model, trainer.warm_start)  # as at step 2's last pass
+    assert probe_kl(trainer, trainer.model, trainer.warm_start) == {}  # once a step
+
+    start = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    trainer.model.eval()
+    xs = []
+    with torch.no_grad():
+        for e in probe:
+            kept = e.mask.size(1)
+            targets = e.ids[0, -kept:]
+            logits = [
+                m(e.ids, attention_mask=e.attention).logits[0, -kept - 1 : -1] for m in (start, trainer.model)
+            ]
+            scores = [torch.log_softmax(lg / 0.7, -1) for lg in logits]
+            ref, pol = (sc.gather(1, targets[:, None])[:, 0] for sc in scores)
+            xs += (ref - pol)[e.mask[0].bool()].tolist()
+    assert max(abs(x) for x in xs) > 0.01, "the step must have moved the policy on the probe"
+    assert got["warm_start_kl/probe_tokens"] == len(xs)
+    assert got["warm_start_kl/probe_k1"] == pytest.approx(sum(xs) / len(xs), abs=1e-4)
+    k3 = sum(math.exp(-x) + x - 1 for x in xs) / len(xs)
+    assert got["warm_start_kl/probe_k3"] == pytest.approx(k3, rel=1e-3, abs=1e-6)
 
 
 def test_the_kl_is_measured_on_episodes_that_are_in_the_loss() -> None:
