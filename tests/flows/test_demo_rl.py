@@ -79,6 +79,12 @@ def test_the_two_arms_train_apart_from_one_warm_start(demo: dict[str, Any]) -> N
         assert [s for s, _ in reg.metric_series(run, "train/reward")] == [1, 2]
     placebo_rewards = [v for _, v in reg.metric_series("demo-placebo", "train/reward")]
     assert demo["result"]["signals"]["placebo"]["reward"] == placebo_rewards
+    # one checkpoint and one seed: both arms drew the same first step, so their KL probes (its first
+    # episodes, hoprl.training.signals.probe_kl) are the same tokens, at 0 on the warm start's weights
+    probes = [reg.metric_series(run, "train/warm_start_kl/probe_tokens") for run in ("demo", "demo-placebo")]
+    assert probes[0] == probes[1] and probes[0][0][1] > 0
+    for run in ("demo", "demo-placebo"):
+        assert reg.metric_series(run, "train/warm_start_kl/probe_k3")[0] == (1, pytest.approx(0.0, abs=1e-6))
     # every signal the verdict carries is there for both steps of both arms (dynamic sampling's
     # counts and answers_flat once went missing: the run did not copy them from the job), and the
     # right answers per question type, one per step (None for a step without a question of the type)
