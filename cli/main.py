@@ -18,8 +18,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -480,7 +482,16 @@ def app(argv: list[str] | None = None) -> int:
         return 2
 
 
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM ends a command as an exception would, exit status 128 + 15: ``finally`` blocks and
+    atexit handlers run. Prefect marks a flow run crashed on SIGTERM and then sends the signal again
+    to the handler that was there before; with the default one the process died at once, before
+    atexit stopped Prefect's temporary server, which was left running after the command."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     sys.exit(app())
 
 

@@ -4,8 +4,11 @@ and real storage; ``hoprl reward`` re-scores stored episodes, its values worked 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +243,76 @@ def test_unknown_recipe_lists_the_valid_ones(tmp_path: Path) -> None:
     path = write(tmp_path, "ep.json", eval_rar_episode().model_dump())
     out = hoprl("reward", "--recipe", "nope", str(path), cwd=tmp_path)
     assert out.returncode == 2 and "eval-rar" in out.stderr and "Traceback" not in out.stderr
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every live process below ``pid`` (children of children too), with its command line, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    out = {}
+    for p in found:
+        try:
+            out[p] = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_ends_a_flow_command_and_every_process_it_started(tmp_path: Path) -> None:
+    """``hoprl demo-rl`` on Prefect's temporary server, sent SIGTERM once its flow run began: the
+    command exits with 128 + 15 and, within 30 s, no process it started is left (Prefect's
+    temporary server was: Prefect re-sent the signal to the default handler, which killed the
+    command before atexit stopped the server)."""
+    env = {**os.environ, "HOPRL_RUNS_DIR": str(tmp_path / "runs"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "HOPRL_DATABASE_URL": f"sqlite:///{tmp_path / 'registry.db'}"}  # fmt: skip
+    env.pop("PREFECT_API_URL", None)  # the command starts Prefect's temporary server
+    log = tmp_path / "demo-rl.log"  # a file, not a pipe: a process left running would hold a pipe open
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "demo-rl", "--dataset", "synthetic:0:2", "--steps", "1"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    below: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while "Beginning flow run" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert "Beginning flow run" in log.read_text(), log.read_text()[-3000:]
+        below = descendants(proc.pid)
+        assert any("prefect.server.api.server" in cmd for cmd in below.values()), below
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in below) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = {p: cmd for p, cmd in below.items() if alive(p)}
+        assert not left, f"left running after SIGTERM: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in [*below, *descendants(proc.pid)]:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
