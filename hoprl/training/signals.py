@@ -34,8 +34,10 @@ policy's token ``entropy``, the gradient norm (``grad_norm``) and, with ``beta >
   ``probe_s`` (its seconds). The samples come from the starting weights, so the estimate is of
   KL(start || policy), with ``x = log πref - log πθ`` in the same k1 and k3 (the per-step KL
   above samples the policy, and so estimates KL(policy || start)). Two arms started from one
-  checkpoint with one seed draw the same first step, so they are measured on the same tokens. A
-  job resumed after its first step, or one with ``beta > 0``, has no probe.
+  checkpoint with one seed draw the same questions in their first step, but not the same samples
+  (rollouts are decoded in batches, without a seed per request), so each arm's probe is its own
+  draw from the starting weights: estimates of one KL, on different tokens. A job resumed after
+  its first step, or one with ``beta > 0``, has no probe.
 - :func:`answer_tokens`: the mean length, in tokens, of the final answers of the step's episodes.
 - **Groups that teach the reader nothing** (:func:`answers_flat`, logged as ``answers_flat``): the
   share of the step's groups whose episodes were all right or all wrong by exact match (DAPO's
