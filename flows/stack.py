@@ -33,11 +33,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from flows import fanout
 from hoprl.domain import SHAPE_DEFAULTS, EpisodeShape
@@ -79,6 +80,11 @@ def policy_limits(shape: EpisodeShape) -> dict[str, str]:
 #: started in 51-81 s, used 1.4% of a core while idle (no load on the trainer beside it) and answered
 #: a /v1/answer/batch of 20 episodes in 15 s against the transformers engine's 33-46 s.
 LOCAL_VLLM = {"POLICY_EAGER": "true", "POLICY_KV_CACHE_GIB": "2"}
+#: how long a stopped service has to shut down before SIGKILL: a ready one shuts down gracefully
+#: (the trainer cancels its job); one still starting has nothing to keep, and uvicorn acts on
+#: SIGTERM only once the app's start-up is over: a policy loading its engine (25-80 s on a CPU)
+#: held a run stopped in its first seconds for the whole 30 s
+STOP_GRACE_S, STARTING_GRACE_S = 30.0, 3.0
 READY_TIMEOUT_S = 600.0  # the first policy start converts the bundled GGUF model (~20 s), then loads it
 
 
@@ -138,9 +144,11 @@ class Spawned:
     url: str
     proc: subprocess.Popen[bytes]
     logfile: Path
+    ready: bool = False
 
     def wait_ready(self) -> None:
         wait_ready(self.name, self.url, self.proc, self.logfile)
+        self.ready = True
 
 
 @contextmanager
@@ -172,10 +180,11 @@ def spawned(name: str, env: Mapping[str, str], logs: Path) -> Iterator[Spawned]:
         )
     url = f"http://127.0.0.1:{port}"
     log.info("started %s (pid %d) at %s, log %s", name, proc.pid, url, logfile)
+    service = Spawned(name, url, proc, logfile)
     try:
-        yield Spawned(name, url, proc, logfile)
+        yield service
     finally:
-        stop(proc)
+        stop(proc, STOP_GRACE_S if service.ready else STARTING_GRACE_S)
         log.info("stopped %s (pid %d)", name, proc.pid)
 
 
@@ -187,15 +196,19 @@ def local_process(name: str, env: Mapping[str, str], logs: Path) -> Iterator[str
         yield service.url
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (uvicorn shuts down gracefully), then SIGKILL after 30 s."""
+def stop(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM (uvicorn shuts down gracefully), then, after ``grace_s``, SIGKILL to the process
+    and every process below it (a policy's vLLM engine core is its child)."""
     if proc.poll() is not None:
         return
     os.kill(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
+        top = psutil.Process(proc.pid)  # not yet reaped: it exists, a zombie at worst
+        for p in [top, *top.children(recursive=True)]:
+            with suppress(psutil.NoSuchProcess):
+                p.kill()
         proc.wait()
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from flows.stack import APPS, services
+from flows.stack import APPS, services, stop
 
 
 def test_local_services_start_side_by_side(
@@ -32,3 +35,30 @@ def test_local_services_start_side_by_side(
     assert max(starts) - min(starts) < 2.0
     stopped = [r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("stopped ")]
     assert sorted(stopped) == sorted(APPS)
+
+
+def test_stop_kills_a_process_deaf_to_sigterm_and_every_process_below_it() -> None:
+    """A process that ignores SIGTERM (as uvicorn does until its app has started), with a child that
+    ignores it too (as a policy's vLLM engine core): after the grace both are gone."""
+    deaf = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    child = f"{deaf}time.sleep(60)"
+    code = f"{deaf}p = subprocess.Popen([sys.executable, '-c', {child!r}]); print(p.pid, flush=True); "
+    code += "time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    grandchild = int(proc.stdout.readline())
+    start = time.monotonic()
+    stop(proc, grace_s=1.0)
+    assert proc.returncode == -9 and 1.0 <= time.monotonic() - start < 10
+    deadline = time.monotonic() + 10
+    while running(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(grandchild)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
