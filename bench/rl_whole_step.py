@@ -26,8 +26,9 @@ rollout time, the median of the steps after the first (the first warms up the en
 allocators; with one step, that step), the rollouts' seconds per thousand completion tokens (the
 policy's sampled tokens, as TRL counts them: retrieved text excluded; the variants sample
 different episodes, and a rollout's time follows what it samples), and the worker's
-peak resident memory (``ru_maxrss`` of the process, from ``wait4``); and where the rollouts' time
-went (the engine's counters, ``rollout/*``): seconds of prefill (summed over the two prefill
+peak resident memory (``ru_maxrss`` of the process, from ``wait4``); the seconds of the frozen
+copy's forward pass for the KL to the warm start (``warm_start_kl/forward_s``); and where the
+rollouts' time went (the engine's counters, ``rollout/*``): seconds of prefill (summed over the two prefill
 threads, which run beside the decode thread) and of decode steps, and the rows a decode step held
 on average. The first variant is the reference of the ratios.
 """
@@ -56,6 +57,8 @@ REPEAT_KV = "HOPRL_BENCH_REPEAT_KV"
 EPISODES = 8
 #: the rollout engine's counters per step (:func:`hoprl.training.rollout.counter_stats`)
 ENGINE_KEYS = ("rollout/prefill_s", "rollout/prefill_tokens", "rollout/decode_s", "rollout/rows_per_step")
+#: the seconds a step's frozen copy spent scoring the KL to the warm start (the cpu preset's 2 episodes)
+KL_FORWARD = "warm_start_kl/forward_s"
 #: ``make run``'s dataset: the synthetic world, seed 0, questions of up to 2 hops
 DATASET = "synthetic:0:2"
 
@@ -82,21 +85,30 @@ ROLLOUT_SUFFIXES = {
 }  # fmt: skip
 
 
+#: this bench's suffixes that set hyperparameters, last in a name: ``-klall``, the frozen copy
+#: scores the KL to the warm start on every episode of the step, as passes of fewer episodes than
+#: ``warm_start_kl`` did before 2026-12-07 (the cpu preset's default scores 2)
+HYPERPARAMETER_SUFFIXES: dict[str, dict[str, Any]] = {"-klall": {"warm_start_kl": EPISODES}}
+
+
 def variant(name: str) -> tuple[dict[str, Any], dict[str, str]]:
     """A variant name's hyperparameters and its worker's environment: ``bench/rl_step.py``'s names
-    and suffixes, and :data:`ROLLOUT_SUFFIXES` (``lora16-micro1-nogc-bf16-fp32rollouts``).
+    and suffixes, :data:`ROLLOUT_SUFFIXES` (``lora16-micro1-nogc-bf16-fp32rollouts``) and, last,
+    :data:`HYPERPARAMETER_SUFFIXES` (``lora16-micro1-bf16-klall``).
 
     That script is read by its path: neither folder of the benches goes on ``sys.path`` (bench/
     holds ``train.py``, ``policy.py``, ... that would shadow other modules for the rest of the
     process)."""
+    extra: dict[str, Any] = {}
+    for suffix, options in HYPERPARAMETER_SUFFIXES.items():
+        if name.endswith(suffix):
+            name, extra = name.removesuffix(suffix), {**extra, **options}
     spec = importlib.util.spec_from_file_location("bench_rl_step", Path(__file__).with_name("rl_step.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    result: tuple[dict[str, Any], dict[str, str]] = module.split_variant(
-        name, {**module.SUFFIXES, **ROLLOUT_SUFFIXES}
-    )
-    return result
+    options, env = module.split_variant(name, {**module.SUFFIXES, **ROLLOUT_SUFFIXES})
+    return {**options, **extra}, env
 
 
 def worker(run_id: str) -> int:
@@ -143,7 +155,7 @@ def run_variant(
         if proc.returncode != 0 or run is None or run.status != "succeeded":
             tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
             raise SystemExit(f"variant {name}: the job ended {run.status if run else '?'}:\n{tail}")
-        keys = ("step_time", "rollout_s", "completions/mean_length", "searches", *ENGINE_KEYS)
+        keys = ("step_time", "rollout_s", "completions/mean_length", "searches", KL_FORWARD, *ENGINE_KEYS)
         series = {key: [v for _, v in registry.metric_series(run_id, key)] for key in keys}
     steps_s, rollouts_s = series["step_time"], series["rollout_s"]
     # the tokens each rollout sampled (TRL counts the env mask's ones: the retrieved text is not)
@@ -161,6 +173,7 @@ def run_variant(
         "rollout_s": round(rollout_s, 1), "loss_s": round(step_s - rollout_s, 1),
         "completion_tokens": tokens, "rollout_s_per_1k_tokens": round(per_k, 2),
         "searches": [round(v, 2) for v in series["searches"]],
+        "kl_forward_s": round(statistics.median(kl_s[timed]), 1) if (kl_s := series[KL_FORWARD]) else None,
         "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "wall_s": round(wall, 1), "threads": threads,
         "engine": engine, "options": options, "env": env,
     }  # fmt: skip
@@ -170,13 +183,14 @@ def table(results: list[dict[str, Any]]) -> str:
     """The results as a markdown table, the first variant the reference of ``x ref``."""
     ref = results[0]["step_s"]
     lines = ["| variant | step s | x ref | rollouts s | s / 1k tokens | prefill s | decode s | rows a step "
-             "| rest s | peak RSS GiB | steps s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+             "| rest s | KL forward s | peak RSS GiB | steps s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in results:
         steps = ", ".join(map(str, r["steps_s"]))
         engine = [r.get("engine", {}).get(key, "") for key in ("prefill_s", "decode_s", "rows_per_step")]
         cells = [f"`{r['variant']}`", r["step_s"], f"{r['step_s'] / ref:.2f}", r["rollout_s"],
-                 r["rollout_s_per_1k_tokens"], *engine, r["loss_s"], r["peak_rss_gib"], steps]  # fmt: skip
+                 r["rollout_s_per_1k_tokens"], *engine, r["loss_s"], r.get("kl_forward_s", ""),
+                 r["peak_rss_gib"], steps]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 

@@ -230,7 +230,8 @@ class HoprlGRPOTrainer(GRPOTrainer):
         loss: torch.Tensor = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self._policy_logps is not None:  # the loss's own policy log-probs: no extra forward
             mode = "train" if model.training else "eval"
-            for name, value in warm_start_kl(self, inputs, self._policy_logps, self.warm_start).items():
+            last = not model.training or self.accelerator.sync_gradients  # the step's last pass
+            for name, value in warm_start_kl(self, inputs, self._policy_logps, self.warm_start, last).items():
                 self._metrics[mode][name].append(value)
             if model.training:  # the same KL on the first step's episodes, at a step's last pass
                 for name, value in probe_kl(self, model, self.warm_start).items():

@@ -17,14 +17,14 @@ policy's token ``entropy``, the gradient norm (``grad_norm``) and, with ``beta >
 - **KL to the weights the job started from, at any beta** (:class:`WarmStartKL`). TRL loads no
   reference model when ``beta == 0`` (DAPO), so nothing says how far the policy moved. With
   ``beta > 0`` the reference log-probs TRL computed are reused (no cost); otherwise a frozen copy
-  of the starting weights scores the step's sampled tokens in a no-grad forward pass (on the first
-  ``rows`` episodes of each pass of the loss that have tokens in it, or all: with passes of fewer
-  than ``rows`` episodes, every episode; a step whose every episode left the loss, dynamic
-  sampling having dropped every group, logs no KL). Per policy token, with
+  of the starting weights scores the step's sampled tokens in a no-grad forward pass, on the first
+  ``rows`` episodes of the step that have tokens in the loss (or all; gathered over the step's
+  passes, so passes of one episode score ``rows`` of them, not all; a step whose every episode
+  left the loss, dynamic sampling having dropped every group, logs no KL). Per policy token, with
   ``x = log πθ - log πref``: ``k1 = x`` and ``k3 = exp(-x) + x - 1`` (Schulman, "Approximating
-  KL divergence"), averaged over a pass's mask-1 tokens: ``warm_start_kl/k1``,
-  ``warm_start_kl/k3``, and the forward pass's seconds ``warm_start_kl/forward_s`` (0 when TRL's
-  reference was reused); TRL logs each as the mean over the step's passes.
+  KL divergence"), averaged over the measured tokens of the step, logged at its last pass:
+  ``warm_start_kl/k1``, ``warm_start_kl/k3``, and the step's seconds of the forward pass
+  ``warm_start_kl/forward_s`` (with ``beta > 0``: every pass, 0 s, TRL's reference reused).
 - **The same KL on a fixed probe** (:func:`probe_kl`). The KL above is measured on each step's
   own episodes, so it moves with which episodes a step drew (0.0043, 0.0360, 0.0033 over three
   steps of one demo arm). The first episodes the frozen copy scored in the job's first step
@@ -208,6 +208,10 @@ class WarmStartKL:
         #: frozen copy's log-probs of their policy tokens
         self.probe: list[ProbeEpisode] = []
         self.probe_step = -1  # the optimizer step the probe was last measured at
+        #: the step so far (:func:`warm_start_kl`): sum k1, sum k3, tokens, the forward's seconds,
+        #: episodes scored; emptied when the step's figures are logged
+        self.sums = [0.0, 0.0, 0.0, 0.0]
+        self.scored = 0
 
     def keep(self, inputs: dict[str, Any], rows: torch.Tensor, reference: torch.Tensor) -> None:
         """Add scored ``rows`` of a first-step pass to the probe, up to :attr:`rows` episodes
@@ -226,10 +230,11 @@ class WarmStartKL:
         self.frozen = trainer.accelerator.prepare_model(self.frozen, evaluation_mode=True)
 
     def scored_rows(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """The first :attr:`rows` episodes of the step that have tokens in the loss (a group that
-        dynamic sampling dropped has none: :mod:`hoprl.training.rollout`), as row indices."""
+        """The episodes of this pass that have tokens in the loss (a group that dynamic sampling
+        dropped has none: :mod:`hoprl.training.rollout`), as row indices, up to the :attr:`rows`
+        the step has left to score."""
         rows = torch.nonzero(loss_mask(inputs).sum(-1) > 0).flatten()
-        return rows[: self.rows]
+        return rows if self.rows is None else rows[: max(self.rows - self.scored, 0)]
 
     @torch.no_grad()
     def reference_logps(self, trainer: Any, inputs: dict[str, Any], rows: torch.Tensor) -> torch.Tensor:
@@ -245,27 +250,45 @@ class WarmStartKL:
 
 
 def warm_start_kl(
-    trainer: Any, inputs: dict[str, Any], policy_logps: torch.Tensor, measure: WarmStartKL | None
+    trainer: Any,
+    inputs: dict[str, Any],
+    policy_logps: torch.Tensor,
+    measure: WarmStartKL | None,
+    last_pass: bool = True,
 ) -> dict[str, float]:
     """The step's ``warm_start_kl/*`` (module docstring): from TRL's reference log-probs when it has
-    them (``beta > 0``), else from ``measure``'s frozen copy; ``{}`` when neither is there."""
+    them (``beta > 0``, every pass), else from ``measure``'s frozen copy on the first
+    :attr:`WarmStartKL.rows` episodes of the step, summed over its passes and logged at its
+    ``last_pass``; ``{}`` when neither is there and at a step's other passes."""
     reference = inputs.get("ref_per_token_logps")
-    seconds, rows = 0.0, torch.arange(policy_logps.size(0), device=policy_logps.device)
-    if reference is None:
-        if measure is None:
-            return {}
-        start = time.perf_counter()
-        rows = measure.scored_rows(inputs)
-        # no episode in the loss (every group dropped): no forward pass, but this rank still joins
-        # the reduce below with zero sums, or the other processes would wait on it
-        reference = measure.reference_logps(trainer, inputs, rows) if rows.numel() else None
-        seconds = time.perf_counter() - start
-        if reference is not None and trainer.state.global_step == 0:  # the warm start's own samples
+    if reference is not None:
+        mask = loss_mask(inputs)
+        sums = kl_sums(policy_logps.detach(), reference, mask)
+        return kl_figures(trainer, torch.tensor(sums, device=mask.device), 0.0)
+    if measure is None:
+        return {}
+    start = time.perf_counter()
+    rows = measure.scored_rows(inputs)
+    if rows.numel():
+        reference = measure.reference_logps(trainer, inputs, rows)
+        if trainer.state.global_step == 0:  # the warm start's own samples
             measure.keep(inputs, rows, reference)
-    mask = loss_mask(inputs)[rows]
-    sums = (0.0, 0.0, 0.0) if reference is None else kl_sums(policy_logps[rows].detach(), reference, mask)
-    totals = trainer.accelerator.reduce(torch.tensor(sums, device=mask.device), reduction="sum")
-    k1, k3, tokens = totals.tolist()
+        pass_sums = kl_sums(policy_logps[rows].detach(), reference, loss_mask(inputs)[rows])
+        added = [*pass_sums, time.perf_counter() - start]
+        measure.sums = [a + b for a, b in zip(measure.sums, added, strict=True)]
+        measure.scored += rows.numel()
+    if not last_pass:
+        return {}
+    # every process logs at its step's last pass, so each joins the reduce there, with zero sums
+    # when none of its episodes was in the loss (every group dropped), or the others would wait
+    *step_sums, seconds = measure.sums
+    measure.sums, measure.scored = [0.0, 0.0, 0.0, 0.0], 0
+    return kl_figures(trainer, torch.tensor(step_sums, device=policy_logps.device), seconds)
+
+
+def kl_figures(trainer: Any, sums: torch.Tensor, seconds: float) -> dict[str, float]:
+    """``warm_start_kl/k1``, ``k3`` (the means over every process's tokens) and ``forward_s``."""
+    k1, k3, tokens = trainer.accelerator.reduce(sums, reduction="sum").tolist()
     timing = {"warm_start_kl/forward_s": seconds}
     if tokens == 0:
         return timing

@@ -40,6 +40,11 @@ def test_the_rollout_suffixes_add_to_the_step_benchs_variants() -> None:
     assert bench.variant("full-fp32-repeatkv")[1] == {"HOPRL_BF16": "0", bench.REPEAT_KV: "1"}
     assert bench.variant("full-fp32-bf16prefill")[1] == {"HOPRL_BF16": "0", "HOPRL_ROLLOUT_PREFILL_BF16": "1"}
     assert bench.variant("full") == ({}, {})
+    # a hyperparameter suffix, last: the frozen copy scores every episode of the step
+    assert bench.variant("lora16-micro1-bf16-klall") == (
+        {"lora_rank": 16, "micro_batch": 1, "warm_start_kl": 8},
+        {"HOPRL_BF16": "1"},
+    )
 
 
 def test_the_bench_times_whole_steps_of_two_variants(tiny_model: str, tmp_path: Path) -> None:
@@ -67,6 +72,7 @@ def test_the_bench_times_whole_steps_of_two_variants(tiny_model: str, tmp_path: 
         engine = r["engine"]  # the rollout engine's counters: it prefilled and decoded
         assert engine["prefill_tokens"] > 0 and engine["prefill_s"] > 0 and engine["decode_s"] > 0
         assert 1 <= engine["rows_per_step"] <= 8
+        assert r["kl_forward_s"] > 0  # the cpu preset scores the KL to the warm start on 2 episodes
     assert results[1]["options"] == {"lora_rank": 16, "micro_batch": 1, "gradient_checkpointing": False}
     rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
     ratio = results[1]["step_s"] / results[0]["step_s"]

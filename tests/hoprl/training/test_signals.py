@@ -191,10 +191,10 @@ def test_the_kl_to_the_warm_start_of_one_token_by_hand(
     tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]],
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """The policy is moved off its starting weights (final norm x3); one completion token is scored.
-    By hand: log-softmax of each model's logits over temperature 0.7 at the token, from a plain
-    forward of the policy and of the starting weights loaded afresh from disk; x = their difference,
-    k1 = x, k3 = exp(-x) + x - 1."""
+    """The policy is moved off its starting weights (final norm x3); a step of two passes scores one
+    completion token each. By hand: log-softmax of each model's logits over temperature 0.7 at the
+    token, from a plain forward of the policy and of the starting weights loaded afresh from disk;
+    x = their difference, k1 = mean x, k3 = mean (exp(-x) + x - 1) over the step's two tokens."""
     monkeypatch.setenv("HOPRL_BF16", "0")  # fp32 on both sides, as the hand computation
     trainer = trainer_for(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, 1, 8, 0.7)
     assert trainer.ref_model is None and trainer.warm_start is not None  # beta 0: TRL has no reference
@@ -202,22 +202,26 @@ def test_the_kl_to_the_warm_start_of_one_token_by_hand(
         trainer.model.model.norm.weight.mul_(3.0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompt = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
-    token = tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
     ones = torch.ones_like(prompt)
-    inputs = {"prompt_ids": prompt, "prompt_mask": ones, "completion_ids": torch.tensor([[token]]),
-              "completion_mask": torch.tensor([[1]]), "tool_mask": torch.tensor([[1]])}  # fmt: skip
-    ids = torch.cat([prompt, inputs["completion_ids"]], dim=1)
-    policy, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 1)
-    got = warm_start_kl(trainer, inputs, policy, trainer.warm_start)
-
     start = AutoModelForCausalLM.from_pretrained(tiny_model)
-    with torch.no_grad():
-        mine = torch.log_softmax(trainer.model(prompt).logits[0, -1] / 0.7, -1)[token]
-        theirs = torch.log_softmax(start(prompt).logits[0, -1] / 0.7, -1)[token]
-    x = float(mine - theirs)
-    assert abs(x) > 0.01, "the moved policy must differ from its start on this token"
-    assert got["warm_start_kl/k1"] == pytest.approx(x, abs=1e-4)
-    assert got["warm_start_kl/k3"] == pytest.approx(math.exp(-x) + x - 1, abs=1e-4)
+    xs, got = [], {}
+    # two passes of one episode each, one token each: the step's figures come at its last pass
+    for word, last in ((" Paris", False), (" London", True)):
+        token = tokenizer(word, add_special_tokens=False)["input_ids"][0]
+        inputs = {"prompt_ids": prompt, "prompt_mask": ones, "completion_ids": torch.tensor([[token]]),
+                  "completion_mask": torch.tensor([[1]]), "tool_mask": torch.tensor([[1]])}  # fmt: skip
+        ids = torch.cat([prompt, inputs["completion_ids"]], dim=1)
+        policy, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 1)
+        got = warm_start_kl(trainer, inputs, policy, trainer.warm_start, last_pass=last)
+        assert (got == {}) != last  # nothing logged before the step's last pass
+        with torch.no_grad():
+            mine = torch.log_softmax(trainer.model(prompt).logits[0, -1] / 0.7, -1)[token]
+            theirs = torch.log_softmax(start(prompt).logits[0, -1] / 0.7, -1)[token]
+        xs.append(float(mine - theirs))
+    assert min(abs(x) for x in xs) > 0.01, "the moved policy must differ from its start on both tokens"
+    assert got["warm_start_kl/k1"] == pytest.approx((xs[0] + xs[1]) / 2, abs=1e-4)
+    k3 = sum(math.exp(-x) + x - 1 for x in xs) / 2
+    assert got["warm_start_kl/k3"] == pytest.approx(k3, abs=1e-4)
     assert got["warm_start_kl/forward_s"] > 0
 
 
@@ -289,6 +293,28 @@ def test_the_probe_kl_after_one_step_by_hand(
     assert got["warm_start_kl/probe_k3"] == pytest.approx(k3, rel=1e-3, abs=1e-6)
 
 
+def test_the_frozen_copy_scores_n_episodes_a_step_in_passes_of_one(
+    tiny_model: str, retriever_url: str, collection: str, synthetic: dict[str, list[Question]], tmp_path: Path
+) -> None:
+    """Passes of one episode (the demo's micro_batch 1), 6 episodes a step, N = 2: the frozen copy
+    scores 2 episodes a step, one per pass in the step's first two passes (it scored all 6 when N
+    counted per pass), and each step logs one KL and one forward_s, the step's."""
+    trainer = trainer_for(tiny_model, retriever_url, collection, synthetic["train"], tmp_path, 2, 2, 1.0, 1)
+    measure, scored = trainer.warm_start, []
+    reference_logps = measure.reference_logps
+
+    def counted(trainer_: Any, inputs: dict[str, Any], rows: torch.Tensor) -> torch.Tensor:
+        scored.append((int(trainer.state.global_step), rows.numel()))
+        return reference_logps(trainer_, inputs, rows)
+
+    measure.reference_logps = counted
+    trainer.train()
+    assert scored == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    first, second = [h for h in trainer.state.log_history if "reward" in h]
+    assert first["warm_start_kl/k3"] == pytest.approx(0.0, abs=1e-6) and second["warm_start_kl/k3"] > 1e-4
+    assert first["warm_start_kl/forward_s"] > 0 and second["warm_start_kl/forward_s"] > 0
+
+
 def test_the_kl_is_measured_on_episodes_that_are_in_the_loss() -> None:
     """Rows 0 and 2 left the loss (a dropped flat group: mask all 0); with 2 rows to score, the KL
     takes rows 1 and 3, the first two with policy tokens; with none left, no row at all."""
@@ -296,6 +322,11 @@ def test_the_kl_is_measured_on_episodes_that_are_in_the_loss() -> None:
     tool = torch.tensor([[0, 0, 0], [1, 0, 1], [0, 0, 0], [0, 1, 1], [1, 1, 1]])
     measure = WarmStartKL(torch.nn.Linear(1, 1), rows=2)
     assert measure.scored_rows({"completion_mask": completion, "tool_mask": tool}).tolist() == [1, 3]
+    measure.scored = 1  # one episode of the step scored at an earlier pass: one left
+    assert measure.scored_rows({"completion_mask": completion, "tool_mask": tool}).tolist() == [1]
+    measure.scored = 2
+    assert measure.scored_rows({"completion_mask": completion, "tool_mask": tool}).tolist() == []
+    measure.scored = 0
     everything = WarmStartKL(torch.nn.Linear(1, 1), rows=None)
     assert everything.scored_rows({"completion_mask": completion, "tool_mask": tool}).tolist() == [1, 3, 4]
     dropped = {"completion_mask": completion, "tool_mask": torch.zeros_like(tool)}
