@@ -188,9 +188,10 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         steps = ", ".join(map(str, r["steps_s"]))
         engine = [r.get("engine", {}).get(key, "") for key in ("prefill_s", "decode_s", "rows_per_step")]
+        kl = "" if r["kl_forward_s"] is None else r["kl_forward_s"]  # None: no KL measured (warm_start_kl 0)
         cells = [f"`{r['variant']}`", r["step_s"], f"{r['step_s'] / ref:.2f}", r["rollout_s"],
-                 r["rollout_s_per_1k_tokens"], *engine, r["loss_s"], r.get("kl_forward_s", ""),
-                 r["peak_rss_gib"], steps]  # fmt: skip
+                 r["rollout_s_per_1k_tokens"], *engine, r["loss_s"], kl, r["peak_rss_gib"],
+                 steps]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 

@@ -17,6 +17,7 @@ import pytest
 from hoprl.domain import Episode, Paragraph, Question, RetrievedDoc, Step
 from tests.conftest import shared_file
 from tests.episodes import answer, episode, search
+from tests.processes import alive, descendants, run_with
 
 GOLD = ["Jane Roe"]
 INFO = "<information>\n[1] Acme Records: founded by Jane Roe.\n</information>"
@@ -246,52 +247,6 @@ def test_unknown_recipe_lists_the_valid_ones(tmp_path: Path) -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Every live process below ``pid`` (children of children too), with its command line, from /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(stat.parent.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    out = {}
-    for p in found:
-        try:
-            out[p] = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def run_with(env_value: str) -> dict[int, str]:
-    """Every live process whose environment holds ``env_value`` (the processes a command started
-    carry its HOPRL_RUNS_DIR, the ones started after a snapshot of its descendants too)."""
-    out = {}
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        pid = int(environ.parent.name)
-        try:
-            if env_value.encode() in environ.read_bytes() and alive(pid) and pid != os.getpid():
-                out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-    return out
 
 
 def read(*paths: Path) -> str:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from flows.stack import APPS, services, stop
+from tests.processes import alive
 
 
 def test_local_services_start_side_by_side(
@@ -51,14 +52,6 @@ def test_stop_kills_a_process_deaf_to_sigterm_and_every_process_below_it() -> No
     stop(proc, grace_s=1.0)
     assert proc.returncode == -9 and 1.0 <= time.monotonic() - start < 10
     deadline = time.monotonic() + 10
-    while running(grandchild) and time.monotonic() < deadline:
+    while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not running(grandchild)
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan waits for init to reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not alive(grandchild)
