@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -79,23 +78,14 @@ def options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace, retriever_url: str) -> dict[str, Any]:
-    """The flow under the Prefect API ``hoprl pipeline`` picks (its ephemeral start-up timeout too)."""
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
-
-    from cli.pipeline import EPHEMERAL_STARTUP_TIMEOUT_S, prefect_api
+    """The flow under the Prefect API ``hoprl pipeline`` picks (:func:`cli.pipeline.prefect_settings`)."""
+    from cli.pipeline import prefect_settings
     from flows import fanout
     from flows.corpus import ingest_corpus
     from hoprl.settings import get_settings
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     fanout.use_eager(get_settings().celery_broker_url is None)
-    startup = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-    timeout = int(os.environ.get(startup.name) or EPHEMERAL_STARTUP_TIMEOUT_S)
-    with temporary_settings({PREFECT_API_URL: prefect_api(), startup: timeout}):
+    with prefect_settings():
         return ingest_corpus(
             str(args.path), args.collection, retriever_url, format=args.format, batch_size=args.batch_size,
             options=options(args), window=args.window, queue=args.queue,

@@ -492,7 +492,12 @@ def exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, exit_on_sigterm)
-    sys.exit(app())
+    try:
+        status = app()
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; finally blocks and atexit have run
+        print("hoprl: interrupted", file=sys.stderr)
+        status = 128 + signal.SIGINT
+    sys.exit(status)
 
 
 if __name__ == "__main__":

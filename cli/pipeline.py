@@ -2,7 +2,8 @@
 
 :func:`run_pipeline` runs :func:`flows.pipeline.pipeline` against the Prefect API that
 :func:`prefect_api` picks (``PREFECT_API_URL`` if set, else the local server of ``make ui`` if
-one answers on 127.0.0.1:4200, else Prefect's ephemeral API, whose runs no UI shows afterwards)
+one answers on 127.0.0.1:4200, else a temporary server of its own, whose runs no UI shows
+afterwards: :func:`temporary_server`)
 and returns its summary; :func:`format_summary` is the text the command prints;
 :func:`add_arguments` / :func:`main` are the command's options and body. While it runs, the
 terminal shows a line per stage and each trainer job's step / total, reward and ETA
@@ -18,8 +19,11 @@ terminal shows a line per stage and each trainer job's step / total, reward and 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,7 +33,7 @@ LOCAL_API_URL = "http://127.0.0.1:4200/api"  # `make ui` (flows/ui.py) serves he
 
 def prefect_api(local: str = LOCAL_API_URL) -> str | None:
     """The Prefect API a run reports to: ``$PREFECT_API_URL``, else ``local`` if a server answers
-    its ``/health`` there (``make ui``), else None (Prefect's ephemeral API)."""
+    its ``/health`` there (``make ui``), else None (the command's :func:`temporary_server`)."""
     from flows.ui import local_api
 
     return os.environ.get("PREFECT_API_URL") or local_api(local)
@@ -37,25 +41,66 @@ def prefect_api(local: str = LOCAL_API_URL) -> str | None:
 
 EPHEMERAL_STARTUP_TIMEOUT_S = 180
 
+#: this process's temporary Prefect server (:func:`temporary_server`): its API URL once started
+_TEMPORARY: dict[str, str] = {}
+
+
+def temporary_server(timeout_s: float) -> str:
+    """The API URL of a Prefect server for this process: started on the first call (within
+    ``timeout_s``), stopped when the process exits.
+
+    It is the server Prefect starts by itself when no API is set: Prefect's app factory with the
+    environment Prefect's own ``SubprocessASGIServer`` gives it (no UI, the services of an ephemeral
+    server). It is started here, not by Prefect, for its process group. Prefect starts it in the
+    command's, so a terminal's Ctrl-C, sent to the whole foreground group, stopped the server with
+    the command; the flow then retried for about 70 s to record its end on a server that was gone
+    (a one-task flow, 2026-12-07), and a crashed run stayed "running" in Prefect's database. In a
+    session of its own the server outlives the Ctrl-C. atexit stops it after Prefect's own exit
+    handlers (registered later, so run first) have sent the last logs, and it dies with the process
+    if that is killed (PR_SET_PDEATHSIG).
+    """
+    if "url" in _TEMPORARY:
+        return _TEMPORARY["url"]
+    from flows.stack import die_with_parent
+    from flows.ui import stop, wait_healthy
+    from hoprl.ports import free_port
+
+    port = free_port()
+    ephemeral = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    env = {name: value for name, value in os.environ.items() if name != "PREFECT_API_URL"} | ephemeral
+    app = "prefect.server.api.server:create_app"
+    command = [sys.executable, "-m", "uvicorn", "--factory", app, "--host", "127.0.0.1", "--port", str(port),
+               "--log-level", "error", "--lifespan", "on"]  # fmt: skip
+    proc = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    atexit.register(stop, [proc], 5.0)
+    url = f"http://127.0.0.1:{port}/api"
+    print(f"Starting a temporary Prefect server at {url} (it stops with this command)", file=sys.stderr)
+    wait_healthy(url, proc, timeout_s=timeout_s)
+    _TEMPORARY["url"] = url
+    return url
+
 
 @contextmanager
 def prefect_settings() -> Iterator[str | None]:
-    """The Prefect settings a flow started from the command line runs under; yields the API URL
-    (:func:`prefect_api`; None: Prefect's ephemeral API)."""
+    """The Prefect settings a flow started from the command line runs under; yields the API URL of
+    a server that outlives the command (:func:`prefect_api`), or None where the command reports to
+    its own temporary server (:func:`temporary_server`), whose runs no UI shows afterwards."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     api = prefect_api()
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        PREFECT_UI_URL,
         temporary_settings,
     )
 
-    # Without a Prefect server the run starts an ephemeral one; Prefect gives it 20 s, which a
-    # loaded 2-core machine missed ("Timed out while attempting to connect to ephemeral Prefect
-    # API server" after 47 s of `make run`). A value the user sets wins.
-    startup = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-    timeout = int(os.environ.get(startup.name) or EPHEMERAL_STARTUP_TIMEOUT_S)
-    with temporary_settings({PREFECT_API_URL: api, startup: timeout}):
+    # Prefect gives its temporary server 20 s to start, which a loaded 2-core machine missed
+    # ("Timed out while attempting to connect to ephemeral Prefect API server" after 47 s of
+    # `make run`); this one gets 180 s. A value the user sets wins.
+    startup = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.name
+    url = api or temporary_server(float(os.environ.get(startup) or EPHEMERAL_STARTUP_TIMEOUT_S))
+    # no "View at <link>" lines for a server that has no UI and stops with the command
+    with temporary_settings({PREFECT_API_URL: url, **({} if api else {PREFECT_UI_URL: ""})}):
         yield api
 
 
@@ -106,7 +151,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     ui = (
         f"{server.removesuffix('/api')}/runs/flow-run/{flow_run}"
         if server
-        else "this run used Prefect's ephemeral API; start `make ui` first to see runs in the Prefect UI"
+        else "this run used a temporary Prefect server; start `make ui` first to see runs in the Prefect UI"
     )
     body = {
         "question": "<your question>",

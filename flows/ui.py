@@ -72,12 +72,18 @@ def stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 20.0) -> None:
             proc.wait()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def wait_healthy(
+    url: str, proc: subprocess.Popen[bytes], log: Path | None = None, timeout_s: float = READY_TIMEOUT_S
+) -> None:
+    """Wait until ``url``'s ``/health`` answers; raise, quoting ``log``'s end where there is one,
+    when ``proc`` exits first or ``timeout_s`` runs out."""
+    deadline = time.monotonic() + timeout_s
     while local_api(url) is None:
         if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the Prefect server did not come up at {url}; {log}:\n{tail}")
+            exited = proc.poll() is not None
+            why = f"it exited with {proc.returncode}" if exited else f"not within {timeout_s:.0f} s"
+            tail = f"; {log}:\n{log.read_text(errors='replace')[-3000:]}" if log else ""
+            raise RuntimeError(f"the Prefect server did not come up at {url} ({why}){tail}")
         time.sleep(0.5)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -253,23 +254,43 @@ def read(*paths: Path) -> str:
     return "".join(p.read_text() for p in paths)
 
 
-def test_sigterm_ends_a_flow_command_and_every_process_it_started(tmp_path: Path) -> None:
-    """``hoprl demo-rl`` on Prefect's temporary server, sent SIGTERM while its services start: the
-    command exits with 128 + 15 within 25 s and, 30 s later, no process it started is left.
+def flow_run_states(db: Path) -> list[str]:
+    """The state of every flow run in a Prefect server's SQLite database."""
+    with sqlite3.connect(db) as conn:
+        return [row[0] for row in conn.execute("SELECT state_type FROM flow_run")]
 
-    Prefect's temporary server was left: Prefect re-sent the signal to the default handler, which
-    killed the command before atexit stopped the server. And the exit took 33 s: a service still
-    starting (the policy loading its engine) acts on SIGTERM only once started, and was given 30 s.
+
+@pytest.mark.parametrize(
+    ("to_group", "signum", "status"),
+    [
+        (False, signal.SIGTERM, 128 + signal.SIGTERM),  # `kill PID`
+        (True, signal.SIGINT, 128 + signal.SIGINT),  # a terminal's Ctrl-C: the whole foreground group
+    ],
+    ids=["sigterm-to-the-command", "ctrl-c-to-its-group"],
+)
+def test_a_signal_ends_a_flow_command_and_every_process_it_started(
+    tmp_path: Path, to_group: bool, signum: int, status: int
+) -> None:
+    """``hoprl demo-rl`` on its temporary Prefect server, signalled while its services start: the
+    command exits within 25 s, its flow run is recorded as crashed and, 30 s later, no process it
+    started is left.
+
+    SIGTERM to the command left Prefect's temporary server running: Prefect re-sent the signal to
+    the default handler, which killed the command before atexit stopped the server. And the exit
+    took 33 s: a service still starting (the policy loading its engine) acts on SIGTERM only once
+    started, and was given 30 s. Ctrl-C reached Prefect's own temporary server too, in the
+    command's process group, and the command then slept more than 2.5 minutes, retrying to record
+    the run's end on a server that was gone; the run stayed "running".
     """
     runs = tmp_path / "runs"
     env = {**os.environ, "HOPRL_RUNS_DIR": str(runs), "PREFECT_HOME": str(tmp_path / "prefect"),
            "HOPRL_DATABASE_URL": f"sqlite:///{tmp_path / 'registry.db'}"}  # fmt: skip
-    env.pop("PREFECT_API_URL", None)  # the command starts Prefect's temporary server
+    env.pop("PREFECT_API_URL", None)  # the command starts its temporary Prefect server
     log = tmp_path / "demo-rl.log"  # a file, not a pipe: a process left running would hold a pipe open
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "demo-rl", "--dataset", "synthetic:0:2", "--steps", "1"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=to_group,
         )  # fmt: skip
     below: dict[int, str] = {}
     try:
@@ -283,13 +304,18 @@ def test_sigterm_ends_a_flow_command_and_every_process_it_started(tmp_path: Path
         below = descendants(proc.pid)
         assert any("prefect.server.api.server" in cmd for cmd in below.values()), below
         assert any("services.policy.app" in cmd for cmd in below.values()), below
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=25) == 128 + signal.SIGTERM
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        assert proc.wait(timeout=25) == status, log.read_text()[-3000:]
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        assert flow_run_states(tmp_path / "prefect" / "prefect.db") == ["CRASHED"]
         deadline = time.monotonic() + 30
         while (any(alive(p) for p in below) or run_with(str(runs))) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = {p: cmd for p, cmd in below.items() if alive(p)} | run_with(str(runs))
-        assert not left, f"left running after SIGTERM: {left}"
+        assert not left, f"left running after the signal: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -245,7 +245,7 @@ def test_a_run_started_from_the_ui_completes_on_a_worker_with_its_artifacts(
 @pytest.mark.integration
 def test_make_run_finds_the_local_server(ui: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``hoprl pipeline`` reports to ``$PREFECT_API_URL``, else to the server ``make ui`` started
-    if one answers, else to Prefect's ephemeral API (None)."""
+    if one answers, else to a temporary server of its own (None)."""
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert prefect_api(ui) == ui
     assert prefect_api(f"http://127.0.0.1:{free_port()}/api") is None
